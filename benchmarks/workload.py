@@ -1,0 +1,199 @@
+"""Workloads (request lengths), open-loop arrivals, and locally generated prompts.
+
+A workload says how long each request's input and output are; arrivals say when requests are sent.
+Arrivals are open-loop: gamma-distributed gaps with mean 1/rate and coefficient of variation
+``burstiness_cv`` (1.0 is Poisson; >1 burstier; <1 more regular). The same seed gives the same lengths,
+prompts and (rate-scaled) gaps at every rate, so steps of a sweep differ only in rate.
+
+Prompts are random common English words, each one token (with its leading space) in GPT-2/Llama-style
+BPE vocabularies such as SmolLM2's, so a prompt of n words is about n tokens; the report uses the
+server's own ``usage`` counts, not this estimate.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+MAX_REQUESTS = 100_000
+_WORDS = (
+    "the of and to in is that for it as was with be by on not he this are or his from at which but have "
+    "an they you were her she there would their we him been has when who will more no if out so said what "
+    "up its about into than them can only other new some could time these two may then do first any my now "
+    "such like our over man me even most made after also did many before must through back years where "
+    "much your way well down should because each just those people how too little state good very make "
+    "world still own see men work long get here between both life being under never day same another know "
+    "while last might us great old year off come since against go came right used take three"
+).split()
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    index: int
+    input_len: int
+    output_len: int
+    arrival_s: float
+    prompt: str
+
+
+class Workload(ABC):
+    """Request lengths. ``lengths(n, rng)`` returns n (input_len, output_len) pairs, each >= 1."""
+
+    name: str
+
+    @abstractmethod
+    def lengths(self, n: int, rng: np.random.Generator) -> list[tuple[int, int]]: ...
+
+    def trace_arrivals(self) -> list[float] | None:
+        """Recorded arrival times (seconds from start), when the workload carries its own timing."""
+        return None
+
+
+def _check_positive(**values: float) -> None:
+    for name, value in values.items():
+        if not value > 0:
+            raise ValueError(f"{name}={value!r} must be > 0")
+
+
+@dataclass(frozen=True)
+class ChatWorkload(Workload):
+    """Chatbot-like: lognormal input and output lengths (medians and log-space sigmas), clipped."""
+
+    input_median: int = 256
+    input_sigma: float = 0.6
+    output_median: int = 128
+    output_sigma: float = 0.6
+    max_input: int = 4096
+    max_output: int = 1024
+    name: str = "chat"
+
+    def __post_init__(self) -> None:
+        _check_positive(input_median=self.input_median, output_median=self.output_median,
+                        max_input=self.max_input, max_output=self.max_output)
+
+    def lengths(self, n: int, rng: np.random.Generator) -> list[tuple[int, int]]:
+        ins = rng.lognormal(math.log(self.input_median), self.input_sigma, n)
+        outs = rng.lognormal(math.log(self.output_median), self.output_sigma, n)
+        return [(int(np.clip(round(i), 1, self.max_input)), int(np.clip(round(o), 1, self.max_output)))
+                for i, o in zip(ins, outs, strict=True)]
+
+
+@dataclass(frozen=True)
+class LongDocWorkload(Workload):
+    """Long-document: long input, short output; each length uniform within +-jitter of its value."""
+
+    input_len: int = 2048
+    output_len: int = 32
+    jitter: float = 0.1
+    name: str = "longdoc"
+
+    def __post_init__(self) -> None:
+        _check_positive(input_len=self.input_len, output_len=self.output_len)
+        if not 0 <= self.jitter < 1:
+            raise ValueError(f"jitter={self.jitter!r} must be in [0, 1), e.g. 0.1")
+
+    def lengths(self, n: int, rng: np.random.Generator) -> list[tuple[int, int]]:
+        lo, hi = 1 - self.jitter, 1 + self.jitter
+        return [(max(1, round(self.input_len * rng.uniform(lo, hi))),
+                 max(1, round(self.output_len * rng.uniform(lo, hi)))) for _ in range(n)]
+
+
+@dataclass(frozen=True)
+class TraceWorkload(Workload):
+    """Rows of (input_len, output_len[, arrival_s]) from a CSV (with header) or JSONL file; cycled."""
+
+    rows: tuple[tuple[int, int, float | None], ...]
+    source: str = ""
+    name: str = "trace"
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> TraceWorkload:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"trace file {str(path)!r} does not exist; give a .csv or .jsonl path")
+        text = path.read_text().splitlines()
+        if path.suffix == ".jsonl":
+            raw = [json.loads(line) for line in text if line.strip()]
+        else:
+            raw = list(csv.DictReader(text))
+        rows = []
+        for i, r in enumerate(raw, 1):
+            try:
+                arrival = r.get("arrival_s")
+                rows.append((int(r["input_len"]), int(r["output_len"]),
+                             None if arrival in (None, "") else float(arrival)))
+            except (KeyError, ValueError, TypeError) as exc:
+                raise ValueError(f"trace {path} row {i} ({r!r}): need integer input_len and output_len and "
+                                 f"optional number arrival_s ({exc})") from exc
+            if rows[-1][0] < 1 or rows[-1][1] < 1:
+                raise ValueError(f"trace {path} row {i}: lengths must be >= 1, got {rows[-1][:2]}")
+        if not rows:
+            raise ValueError(f"trace {path} has no rows; columns are input_len,output_len[,arrival_s]")
+        has = {row[2] is not None for row in rows}
+        if len(has) > 1:
+            raise ValueError(f"trace {path}: arrival_s is given on some rows only; give it on all or none")
+        arrivals = [row[2] for row in rows if row[2] is not None]
+        if any(b < a for a, b in zip(arrivals, arrivals[1:], strict=False)):
+            raise ValueError(f"trace {path}: arrival_s must be non-decreasing; sort the rows by arrival_s")
+        return cls(tuple(rows), str(path))
+
+    def lengths(self, n: int, rng: np.random.Generator) -> list[tuple[int, int]]:
+        return [self.rows[i % len(self.rows)][:2] for i in range(n)]  # type: ignore[misc]
+
+    def trace_arrivals(self) -> list[float] | None:
+        if self.rows[0][2] is None:
+            return None
+        return [float(r[2]) for r in self.rows]  # type: ignore[arg-type]
+
+
+def arrival_times(rate: float, num_requests: int | None, duration_s: float | None,
+                  burstiness_cv: float, rng: np.random.Generator) -> list[float]:
+    """Open-loop send times from 0: the first at 0, gamma gaps after; stops at either bound."""
+    _check_positive(rate=rate, burstiness_cv=burstiness_cv)
+    limit = min(num_requests or MAX_REQUESTS, MAX_REQUESTS)
+    shape = 1.0 / burstiness_cv**2
+    times, t = [], 0.0
+    while len(times) < limit:
+        if duration_s is not None and t >= duration_s:
+            break
+        times.append(t)
+        t += float(rng.gamma(shape, 1.0 / shape)) / rate
+    return times
+
+
+def make_prompt(n_tokens: int, rng: np.random.Generator) -> str:
+    return " ".join(_WORDS[int(i)] for i in rng.integers(0, len(_WORDS), n_tokens))
+
+
+def build_requests(workload: Workload, rate: float | None, num_requests: int | None,
+                   duration_s: float | None, burstiness_cv: float = 1.0, seed: int = 0,
+                   max_total_len: int | None = None) -> list[RequestSpec]:
+    """The requests of one rate step. ``rate=None`` replays a trace's own arrival times."""
+    if num_requests is None and duration_s is None:
+        raise ValueError("bound the run: give num_requests, duration_s, or both")
+    if rate is None:
+        arrivals = workload.trace_arrivals()
+        if arrivals is None:
+            raise ValueError(f"workload {workload.name!r} has no arrival times; give a rate (requests/s)")
+        limit = min(num_requests or MAX_REQUESTS, MAX_REQUESTS, len(arrivals))
+        times = [a for a in arrivals[:limit] if duration_s is None or a < duration_s]
+    else:
+        times = arrival_times(rate, num_requests, duration_s, burstiness_cv, np.random.default_rng([seed, 1]))
+    lengths = workload.lengths(len(times), np.random.default_rng([seed, 2]))
+    prompt_rng = np.random.default_rng([seed, 3])
+    specs = []
+    for i, (t, (n_in, n_out)) in enumerate(zip(times, lengths, strict=True)):
+        if max_total_len is not None and n_in + n_out > max_total_len:
+            n_in = max(1, max_total_len - n_out)
+            n_out = min(n_out, max_total_len - n_in)
+        specs.append(RequestSpec(i, n_in, n_out, t, make_prompt(n_in, prompt_rng)))
+    return specs
+
+
+WORKLOADS = {"chat": ChatWorkload, "longdoc": LongDocWorkload, "trace": TraceWorkload}

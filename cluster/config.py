@@ -1,0 +1,131 @@
+"""DeployConfig: one YAML file describes a deployment. Unknown keys are errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from engine.config import EngineConfig
+from kvtransfer.config import TransferConfig
+
+
+class ConfigError(Exception):
+    """A deploy config that cannot be used; the message names the field and the fix."""
+
+
+class PoolSizes(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prefill: int = Field(1, ge=1, le=512, description="Prefill workers (disaggregated mode)")
+    decode: int = Field(1, ge=1, le=512, description="Decode workers (disaggregated mode)")
+    colocated: int = Field(1, ge=1, le=512, description="Workers doing both phases (colocated mode)")
+
+
+class SLOConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ttft_ms: float = Field(2000, gt=0, description="Default time-to-first-token target, ms")
+    tpot_ms: float = Field(200, gt=0, description="Default time-per-output-token target, ms")
+
+
+class RouterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy: Literal["goodput", "least_loaded", "round_robin"] = Field("least_loaded")
+    admission: Literal["queue", "reject", "best_effort"] = Field("queue")
+    max_queue: int = Field(256, ge=0, description="Requests waiting for admission before 429s")
+    queue_timeout_s: float = Field(30, gt=0, description="Max seconds a request waits for admission")
+    stats_interval_s: float = Field(0.1, gt=0, le=5, description="Worker stats refresh period")
+
+
+class ServeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    host: str = Field("127.0.0.1", description="HTTP bind address")
+    port: int = Field(8000, ge=1, le=65535)
+    request_timeout_s: float = Field(300, gt=0, description="Max seconds for one request end to end")
+    token_timeout_s: float = Field(60, gt=0, description="Max seconds between two streamed tokens")
+    max_body_bytes: int = Field(1 << 20, gt=0, description="Largest accepted request body")
+    default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request omits it")
+
+
+class RayConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    address: str | None = Field(None, description="Existing cluster ('auto', host:port); None = embedded")
+    num_cpus: int | None = Field(None, ge=1, description="Logical CPUs for the embedded local Ray")
+    object_store_mib: int = Field(256, ge=64, description="Object store of the embedded local Ray")
+    namespace: str = Field("saaf-infer", description="Ray namespace of the deployment's named actors")
+
+
+class DeployConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("saaf", pattern=r"^[a-z][a-z0-9-]{0,40}$", description="Deployment name")
+    mode: Literal["disaggregated", "colocated"] = "disaggregated"
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    pools: PoolSizes | Literal["auto"] = Field(default_factory=PoolSizes)
+    transfer: TransferConfig = Field(default_factory=TransferConfig)
+    router: RouterConfig = Field(default_factory=RouterConfig)
+    slo: SLOConfig = Field(default_factory=SLOConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+    planner: dict[str, Any] | None = Field(
+        None, description="Planner inputs (see docs/placement.md), used when pools is 'auto'"
+    )
+    worker_cpus: float = Field(1.0, ge=0, description="Logical CPUs reserved per engine worker")
+
+    @model_validator(mode="after")
+    def _check(self) -> DeployConfig:
+        if self.pools == "auto" and self.planner is None:
+            raise ValueError("pools: auto needs a 'planner' section (model, hardware, workload, slo)")
+        return self
+
+
+def _fmt(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {loc}: unknown key; remove it or check its spelling")
+        else:
+            lines.append(f"  {loc}: {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict[str, Any] | None, source: str = "config") -> DeployConfig:
+    try:
+        return DeployConfig.model_validate(data or {})
+    except ValidationError as e:
+        raise ConfigError(f"{source} is invalid:\n{_fmt(e)}") from None
+
+
+def load_config(path: str | Path | None) -> DeployConfig:
+    """Load and validate a deploy YAML (None = the embedded default). Checks a model path exists."""
+    if path is None:
+        return DeployConfig()
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"deploy config {str(path)!r} not found; pass a YAML file path")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(data).__name__}")
+    cfg = parse_config(data, str(path))
+    check_model(cfg)
+    return cfg
+
+
+def check_model(cfg: DeployConfig) -> None:
+    from engine.models import ALIASES
+
+    m = cfg.engine.model
+    if m.lower() in ALIASES:
+        return
+    if not Path(m).expanduser().is_dir():
+        raise ConfigError(
+            f"engine.model: {m!r} is not a directory; give a local HF model dir or one of "
+            f"{', '.join(sorted(ALIASES))}"
+        )
+    if not (Path(m).expanduser() / "config.json").is_file():
+        raise ConfigError(f"engine.model: {m!r} has no config.json; is it a Hugging Face model dir?")

@@ -1,0 +1,50 @@
+"""Prometheus metrics of the ingress, served at GET /metrics on the endpoint itself."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.ttft = Histogram("saaf_ttft_seconds", "Time to first token", buckets=_LAT, registry=r)
+        self.itl = Histogram("saaf_itl_seconds", "Inter-token latency", buckets=_LAT, registry=r)
+        self.e2e = Histogram("saaf_e2e_seconds", "End-to-end request latency", buckets=_LAT, registry=r)
+        self.prefill = Histogram("saaf_prefill_seconds", "Prefill time on the prefill worker",
+                                 buckets=_LAT, registry=r)
+        self.transfer = Histogram("saaf_kv_transfer_seconds", "Decode submit to first decode output "
+                                  "(KV pull + one step)", buckets=_LAT, registry=r)
+        self.queue = Histogram("saaf_queue_wait_seconds", "Admission queue wait", buckets=_LAT, registry=r)
+        self.requests = Counter("saaf_requests", "Requests by outcome", ["outcome"], registry=r)
+        self.tokens = Counter("saaf_tokens", "Tokens", ["kind"], registry=r)
+        self.kv_bytes = Counter("saaf_kv_bytes", "KV bytes handed from prefill to decode", registry=r)
+        self.kv_failures = Counter("saaf_kv_transfer_failures", "KV transfers that failed", registry=r)
+        self.recomputes = Counter("saaf_kv_recomputes", "Requests whose decode recomputed the prompt",
+                                  registry=r)
+        self.worker = Gauge("saaf_worker", "Per-worker stats", ["worker", "stat"], registry=r)
+        self.pool = Gauge("saaf_pool_size", "Workers per pool", ["role"], registry=r)
+        self.goodput = Gauge("saaf_goodput_rps", "Requests meeting both SLOs per second, last minute",
+                             registry=r)
+        self._met: deque[float] = deque()
+
+    def slo(self, met: bool) -> None:
+        self.requests.labels("slo_met" if met else "slo_missed").inc()
+        now = time.monotonic()
+        if met:
+            self._met.append(now)
+        while self._met and self._met[0] < now - 60:
+            self._met.popleft()
+        self.goodput.set(len(self._met) / 60.0)
+
+    def render(self) -> bytes:
+        now = time.monotonic()
+        while self._met and self._met[0] < now - 60:
+            self._met.popleft()
+        self.goodput.set(len(self._met) / 60.0)
+        return generate_latest(self.registry)

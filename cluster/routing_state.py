@@ -1,0 +1,238 @@
+"""Live routing state inside an ingress replica: pool membership, worker stats refreshed in the
+background, the router policy, admission, and the request runners that call the workers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+from cluster.config import DeployConfig
+from cluster.metrics import Metrics
+from cluster.openai_api import APIError
+from cluster.router import RouteDecision, RouteRequest, make_policy
+from engine.stats import WorkerStats
+
+logger = logging.getLogger(__name__)
+_DEAD = (RayActorError, ActorDiedError, ActorUnavailableError)
+
+
+class RoutingState:
+    def __init__(self, cfg: DeployConfig, controller: Any, metrics: Metrics) -> None:
+        self.cfg = cfg
+        self.controller = controller
+        self.metrics = metrics
+        self.policy = make_policy(cfg.router.policy)
+        self.handles: dict[str, Any] = {}
+        self.roles: dict[str, str] = {}
+        self.stats: dict[str, WorkerStats] = {}
+        self.version = -1
+        self.queued = 0
+        self._transfers: deque[dict] = deque(maxlen=256)
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        loop = asyncio.get_event_loop()
+        self._tasks = [loop.create_task(self._members_loop()), loop.create_task(self._stats_loop())]
+
+    # ---- background refresh ----------------------------------------------------------------------
+    async def _members_loop(self) -> None:
+        while True:
+            try:
+                version, members = await asyncio.wait_for(self.controller.members.remote(), timeout=10)
+                if version != self.version:
+                    self.handles = {wid: h for wid, _, h, _ in members}
+                    self.roles = {wid: role for wid, role, _, _ in members}
+                    self.stats = {w: s for w, s in self.stats.items() if w in self.handles}
+                    self.version = version
+                    for role in ("prefill", "decode", "colocated"):
+                        self.metrics.pool.labels(role).set(sum(r == role for r in self.roles.values()))
+            except Exception as e:  # noqa: BLE001 - keep refreshing; the controller may restart
+                logger.warning("membership refresh failed: %s", e)
+            await asyncio.sleep(1.0)
+
+    async def _stats_loop(self) -> None:
+        period = self.cfg.router.stats_interval_s
+        while True:
+            ids = list(self.handles)
+            refs = [self.handles[w].stats.remote() for w in ids]
+            results = await asyncio.gather(*(asyncio.wait_for(r, timeout=max(1.0, 10 * period)) for r in refs),
+                                           return_exceptions=True)
+            for wid, res in zip(ids, results, strict=True):
+                if isinstance(res, WorkerStats):
+                    self.stats[wid] = res
+                    for k in ("waiting", "running", "kv_usage"):
+                        self.metrics.worker.labels(wid, k).set(getattr(res, k))
+                elif wid in self.stats:
+                    self.stats[wid] = self.stats[wid]._replace(healthy=False)
+            await asyncio.sleep(period)
+
+    def ready(self) -> bool:
+        roles = [self.roles[w] for w in self.stats if self.stats[w].healthy]
+        if self.cfg.mode == "colocated":
+            return "colocated" in roles
+        return "prefill" in roles and "decode" in roles
+
+    def summary(self) -> list[dict[str, Any]]:
+        return [dict(s._asdict(), recent_step_times_s=list(s.recent_step_times_s[-4:]))
+                for s in self.stats.values()]
+
+    def transfer_log(self) -> list[dict]:
+        return list(self._transfers)
+
+    # ---- routing and admission -------------------------------------------------------------------
+    def _pools(self, exclude: set[str]) -> tuple[list[WorkerStats], list[WorkerStats]]:
+        ok = [s for w, s in self.stats.items() if s.healthy and w not in exclude and w in self.handles]
+        if self.cfg.mode == "colocated":
+            return [], [s for s in ok if self.roles.get(s.worker_id) == "colocated"]
+        return ([s for s in ok if self.roles.get(s.worker_id) == "prefill"],
+                [s for s in ok if self.roles.get(s.worker_id) == "decode"])
+
+    async def route(self, req: RouteRequest, exclude: set[str] = frozenset()) -> RouteDecision:
+        t0 = time.monotonic()
+        rc = self.cfg.router
+        queued = False
+        try:
+            while True:
+                prefill, decode = self._pools(set(exclude))
+                if decode and (prefill or self.cfg.mode == "colocated"):
+                    d = self.policy(req, prefill, decode)
+                    if d.admit or rc.admission == "best_effort":
+                        return d._replace(admit=True)
+                    if rc.admission == "reject":
+                        raise APIError(429, f"no worker can meet the SLO now ({d.reason}); retry later",
+                                       type_="rate_limit_exceeded", code="slo_unattainable",
+                                       headers={"Retry-After": "1"})
+                elif time.monotonic() - t0 > rc.queue_timeout_s:
+                    raise APIError(503, "no healthy workers in the pools; retry later",
+                                   type_="service_unavailable", headers={"Retry-After": "5"})
+                if not queued:
+                    if self.queued >= rc.max_queue:
+                        raise APIError(429, f"admission queue full ({rc.max_queue} waiting); retry later",
+                                       type_="rate_limit_exceeded", headers={"Retry-After": "1"})
+                    self.queued += 1
+                    queued = True
+                if time.monotonic() - t0 > rc.queue_timeout_s:
+                    raise APIError(429, f"not admitted within {rc.queue_timeout_s:.0f}s; retry later",
+                                   type_="rate_limit_exceeded", headers={"Retry-After": "1"})
+                await asyncio.sleep(0.05)
+        finally:
+            if queued:
+                self.queued -= 1
+            self.metrics.queue.observe(time.monotonic() - t0)
+
+    # ---- running a request -----------------------------------------------------------------------
+    async def first_or_error(self, run: AsyncIterator[dict]) -> dict | None:
+        try:
+            return await anext(run)
+        except StopAsyncIteration:
+            return None
+
+    async def run(self, rid: str, ids: list[int], params: dict, route: RouteRequest) -> AsyncIterator[dict]:
+        """Yield deltas for one request; record metrics. Raises APIError for client-visible failures."""
+        t0 = time.monotonic()
+        sc = self.cfg.serve
+        n_out, last, first_at, ok = 0, None, None, False
+        try:
+            async for d in self._run(rid, ids, params, route):
+                now = time.monotonic()
+                if d["token_ids"]:
+                    if first_at is None:
+                        first_at = now
+                        self.metrics.ttft.observe(now - t0)
+                    elif last is not None:
+                        self.metrics.itl.observe(now - last)
+                    last = now
+                    n_out += len(d["token_ids"])
+                if now - t0 > sc.request_timeout_s:
+                    raise APIError(504, f"request exceeded {sc.request_timeout_s:.0f}s", type_="timeout")
+                yield d
+            ok = True
+        except APIError as e:
+            self.metrics.requests.labels("rejected" if e.status == 429 else "error").inc()
+            raise
+        finally:
+            e2e = time.monotonic() - t0
+            self.metrics.tokens.labels("input").inc(len(ids))
+            self.metrics.tokens.labels("output").inc(n_out)
+            if ok:
+                self.metrics.requests.labels("ok").inc()
+                self.metrics.e2e.observe(e2e)
+                ttft = (first_at or time.monotonic()) - t0
+                tpot = (e2e - ttft) / (n_out - 1) if n_out > 1 else 0.0
+                self.metrics.slo(ttft <= route.ttft_slo_s and tpot <= route.tpot_slo_s)
+
+    async def _stream(self, gen: Any, timeout: float) -> AsyncIterator[dict]:
+        try:
+            while True:
+                try:
+                    ref = await asyncio.wait_for(gen.__anext__(), timeout=timeout)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise APIError(504, f"no token for {timeout:.0f}s; request aborted", type_="timeout") from None
+                yield await ref
+        finally:
+            try:
+                ray.cancel(gen)
+            except Exception:  # noqa: BLE001 - already finished
+                pass
+
+    async def _run(self, rid: str, ids: list[int], params: dict, route: RouteRequest) -> AsyncIterator[dict]:
+        sc = self.cfg.serve
+        excluded: set[str] = set()
+        for attempt in range(3):
+            dec = await self.route(route, excluded)
+            try:
+                if self.cfg.mode == "colocated" or params["max_tokens"] == 1:
+                    wid = dec.decode if self.cfg.mode == "colocated" else dec.prefill
+                    gen = self.handles[wid].generate_stream.options(num_returns="streaming").remote(
+                        rid, ids, params)
+                    async for d in self._stream(gen, sc.token_timeout_s):
+                        yield d
+                    return
+                pre = await asyncio.wait_for(
+                    self.handles[dec.prefill].prefill.remote(rid, ids, params), timeout=sc.request_timeout_s)
+            except _DEAD as e:
+                failed = dec.decode if self.cfg.mode == "colocated" else dec.prefill
+                logger.warning("worker %s died serving %s (attempt %d): %s", failed, rid, attempt + 1, e)
+                excluded.add(failed)
+                continue
+            except TimeoutError:
+                raise APIError(504, f"prefill exceeded {sc.request_timeout_s:.0f}s", type_="timeout") from None
+            except ray.exceptions.RayTaskError as e:
+                raise APIError(502, f"engine failed: {getattr(e, 'cause', e)}", type_="engine_error") from None
+            self.metrics.prefill.observe(pre["handoff"]["prefill_s"])
+            gen = self.handles[dec.decode].decode_stream.options(num_returns="streaming").remote(
+                rid, ids, params, pre["handoff"])
+            try:
+                async for d in self._stream(gen, self.cfg.transfer.transfer_timeout_s + sc.token_timeout_s):
+                    tel = d.pop("telemetry", None)
+                    if tel is not None:
+                        self._record_transfer(tel)
+                    yield d
+            except _DEAD as e:
+                raise APIError(503, f"decode worker {dec.decode} failed mid-request: {e}",
+                               type_="service_unavailable") from None
+            except ray.exceptions.RayTaskError as e:
+                raise APIError(502, f"decode failed: {e.cause if hasattr(e, 'cause') else e}",
+                               type_="kv_transfer_error") from None
+            return
+        raise APIError(503, "request failed on 3 workers in a row; retry later", type_="service_unavailable")
+
+    def _record_transfer(self, tel: dict) -> None:
+        self._transfers.append(tel)
+        self.metrics.transfer.observe(tel["transfer_wait_s"])
+        if tel["outcome"] == "ok":
+            self.metrics.kv_bytes.inc(tel["kv_bytes"])
+        elif tel["outcome"] == "recomputed":
+            self.metrics.recomputes.inc()
+            self.metrics.kv_failures.inc()
+        else:
+            self.metrics.kv_failures.inc()

@@ -1,0 +1,48 @@
+"""Connecting to Ray (embedded local on loopback, or an existing cluster) and cluster facts."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# NOTE: without these Ray binds the host's interface address, asks for an auth token, and phones home.
+LOOPBACK_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+def connect(address: str | None, *, num_cpus: int | None, object_store_mib: int, namespace: str) -> bool:
+    """Connect to Ray. Returns True when this process started an embedded local cluster."""
+    import ray
+
+    os.environ.update({k: os.environ.get(k, v) for k, v in LOOPBACK_ENV.items()})
+    address = address or os.environ.get("RAY_ADDRESS")
+    env_vars = {k: os.environ[k] for k in LOOPBACK_ENV}
+    if address:
+        ray.init(address=address, namespace=namespace, runtime_env={"env_vars": env_vars},
+                 logging_level=logging.WARNING, log_to_driver=False)
+        return False
+    cpus = num_cpus or max(4, (os.cpu_count() or 2) + 2)
+    ray.init(num_cpus=cpus, include_dashboard=False, object_store_memory=object_store_mib << 20,
+             _node_ip_address="127.0.0.1", namespace=namespace, runtime_env={"env_vars": env_vars},
+             logging_level=logging.WARNING, log_to_driver=False)
+    return True
+
+
+def cluster_gpus() -> list[dict[str, Any]]:
+    """[{node_id, gpus, cpus, memory}] of alive nodes."""
+    import ray
+
+    out = []
+    for n in ray.nodes():
+        if not n.get("Alive"):
+            continue
+        r = n.get("Resources", {})
+        out.append({"node_id": n["NodeID"], "address": n.get("NodeManagerAddress"), "gpus": int(r.get("GPU", 0)),
+                    "cpus": r.get("CPU", 0), "memory": r.get("memory", 0)})
+    return out

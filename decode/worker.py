@@ -1,0 +1,93 @@
+"""The decode worker: continues a request from a KV handoff, pulling the prompt's KV over NIXL, and
+streams tokens. Enforces the transfer failure policy and reports per-request transfer telemetry."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from typing import Any
+
+from engine.host import EngineError, EngineHost, delta, sampling_params
+from kvtransfer.handoff import KVHandoff, TransferTelemetry
+
+logger = logging.getLogger(__name__)
+
+
+class DecodeWorker(EngineHost):
+    role = "decode"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.counters = {"transfers": 0, "kv_bytes": 0, "recomputes": 0, "failures": 0, "timeouts": 0}
+
+    async def decode_stream(
+        self, request_id: str, prompt_token_ids: list[int], params: dict[str, Any], handoff: dict[str, Any]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Yield deltas; the first item carries ``telemetry`` (a TransferTelemetry dict)."""
+        h = KVHandoff(**handoff)
+        submitted = time.monotonic()
+        handoff_latency = max(0.0, time.time() - h.created_at) if h.created_at else 0.0
+        policy = self.transfer_cfg.failure_policy
+        timeout = self.transfer_cfg.transfer_timeout_s
+        gen = self._generate(request_id, prompt_token_ids,
+                             sampling_params(params, kv_transfer_params=h.decode_params()))
+        outcome = "ok"
+        try:
+            first = await asyncio.wait_for(anext(gen), timeout=timeout)
+        except TimeoutError:
+            await gen.aclose()
+            self.counters["timeouts"] += 1
+            if policy == "fail":
+                self.counters["failures"] += 1
+                raise EngineError(
+                    f"KV transfer for {request_id} from {h.prefill_worker} timed out after {timeout:.0f}s"
+                ) from None
+            logger.warning("KV transfer for %s timed out; recomputing the prompt on decode", request_id)
+            outcome = "recomputed"
+            gen = self._generate(f"{request_id}-rc", prompt_token_ids, sampling_params(params))
+            first = await anext(gen)
+        except StopAsyncIteration:
+            raise EngineError(f"decode of {request_id} ended without output") from None
+        d = delta(first)
+        loaded = d["num_cached_tokens"] or 0
+        computed = max(0, len(prompt_token_ids) - loaded)
+        if d["finish_reason"] == "error":
+            self.counters["failures"] += 1
+            outcome = "failed"
+        elif outcome == "ok" and computed > 1:
+            # NOTE: decode always recomputes the last prompt token to sample from it; more than that
+            # means the transfer did not deliver (vLLM's recompute policy, or a threshold skip).
+            outcome = "recomputed"
+        if outcome == "recomputed":
+            self.counters["recomputes"] += 1
+        else:
+            self.counters["transfers"] += 1
+            self.counters["kv_bytes"] += h.kv_bytes
+        tel = TransferTelemetry(
+            request_id=request_id,
+            prefill_worker=h.prefill_worker,
+            decode_worker=self.worker_id,
+            kv_blocks=h.num_blocks,
+            kv_bytes=h.kv_bytes if outcome == "ok" else 0,
+            prompt_tokens=len(prompt_token_ids),
+            loaded_tokens=loaded,
+            decode_computed_prompt_tokens=computed,
+            transfer_wait_s=time.monotonic() - submitted,
+            handoff_latency_s=handoff_latency,
+            backend=h.backend,
+            memory=h.memory,
+            outcome=outcome,
+        )
+        if outcome == "failed":
+            await gen.aclose()
+            raise EngineError(f"KV transfer for {request_id} from {h.prefill_worker} failed (policy: fail)")
+        d["telemetry"] = asdict(tel)
+        yield d
+        async for out in gen:
+            yield delta(out)
+
+    def transfer_counters(self) -> dict[str, Any]:
+        return dict(self.counters, **self.totals.snapshot())

@@ -1,0 +1,210 @@
+"""EngineHost: one vLLM AsyncLLM engine inside a Ray actor, shared by the prefill, decode and
+colocated workers. Streams DELTA outputs, tracks what the router needs (WorkerStats) cheaply."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.stats import WorkerStats
+
+logger = logging.getLogger(__name__)
+
+
+class EngineError(Exception):
+    """An engine-side failure the caller should report to the client (message is client-safe)."""
+
+
+def sampling_params(params: dict[str, Any], *, kv_transfer_params: dict | None = None):
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params is not None else None
+    return SamplingParams(
+        max_tokens=params.get("max_tokens", 16),
+        temperature=params.get("temperature", 1.0),
+        top_p=params.get("top_p", 1.0),
+        top_k=params.get("top_k", 0) or 0,
+        min_tokens=params.get("min_tokens", 0),
+        presence_penalty=params.get("presence_penalty", 0.0),
+        frequency_penalty=params.get("frequency_penalty", 0.0),
+        stop=params.get("stop") or None,
+        seed=params.get("seed"),
+        ignore_eos=params.get("ignore_eos", False),
+        output_kind=RequestOutputKind.DELTA,
+        extra_args=extra,
+    )
+
+
+class EngineHost:
+    """Base of the worker actors. ``role`` is prefill, decode or colocated."""
+
+    role = "colocated"
+
+    def __init__(
+        self,
+        worker_id: str,
+        engine_cfg: dict[str, Any],
+        transfer_cfg: dict[str, Any] | None = None,
+    ) -> None:
+        logging.basicConfig(level=logging.INFO)
+        self.worker_id = worker_id
+        self.cfg = EngineConfig.model_validate(engine_cfg)
+        self.device = self.cfg.resolved_device()
+        self.engine_id = f"{worker_id}-{uuid.uuid4().hex[:8]}"
+        self.side_channel_port: int | None = None
+        self._pending: dict[str, int] = {}  # request id -> prompt tokens, until first output
+        self._running_ctx: dict[str, int] = {}  # request id -> context tokens, while decoding
+        self._started = time.monotonic()
+        import ray
+
+        node_ip = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+        env = self.cfg.process_env(node_ip)
+        kv_kwargs = None
+        if transfer_cfg is not None and self.role in ("prefill", "decode"):
+            from kvtransfer.config import TransferConfig, free_port, kv_transfer_kwargs, transfer_env
+
+            tcfg = TransferConfig.model_validate(transfer_cfg)
+            self.transfer_cfg = tcfg
+            self.side_channel_port = free_port(tcfg.side_channel_host or node_ip)
+            env.update(transfer_env(tcfg, self.side_channel_port, self.device, node_ip))
+            kv_kwargs = kv_transfer_kwargs(self.role, self.engine_id, self.device, tcfg)
+        # NOTE: vLLM's EngineCore is a spawned child; it inherits os.environ at spawn time.
+        os.environ.update(env)
+        from vllm import AsyncEngineArgs
+        from vllm.config import KVTransferConfig
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from engine.models import resolve_model, served_name
+        from engine.statlog import EngineTotals, make_stat_logger_factory
+
+        model_dir = resolve_model(self.cfg.model)
+        self.model_name = self.cfg.served_model_name or served_name(self.cfg.model)
+        kwargs = self.cfg.engine_kwargs(str(model_dir), self.model_name)
+        if kv_kwargs is not None:
+            kwargs["kv_transfer_config"] = KVTransferConfig(**kv_kwargs)
+        self.totals = EngineTotals()
+        self.engine = AsyncLLM.from_engine_args(
+            AsyncEngineArgs(**kwargs), stat_loggers=[make_stat_logger_factory(self.totals)]
+        )
+        vc = self.engine.vllm_config
+        self.block_size = vc.cache_config.block_size
+        self.num_gpu_blocks = vc.cache_config.num_gpu_blocks or 0
+        self.block_bytes = self._block_bytes(vc)
+        self.max_model_len = vc.model_config.max_model_len
+        logger.info(
+            "%s %s ready: engine %s, %d KV blocks of %d tokens (%d bytes each), side channel %s",
+            self.role, worker_id, self.engine_id, self.num_gpu_blocks, self.block_size, self.block_bytes,
+            self.side_channel_port,
+        )
+
+    @staticmethod
+    def _block_bytes(vc: Any) -> int:
+        mc = vc.model_config
+        import torch
+
+        dtype = vc.cache_config.cache_dtype
+        elem = torch.tensor([], dtype=mc.dtype).element_size() if dtype == "auto" else 1
+        layers = mc.get_num_layers(vc.parallel_config)
+        kv_heads = mc.get_num_kv_heads(vc.parallel_config)
+        return 2 * layers * kv_heads * mc.get_head_size() * vc.cache_config.block_size * elem
+
+    async def info(self) -> dict[str, Any]:
+        import ray
+
+        return {
+            "worker_id": self.worker_id,
+            "role": self.role,
+            "engine_id": self.engine_id,
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+            "side_channel_port": self.side_channel_port,
+            "model": self.model_name,
+            "max_model_len": self.max_model_len,
+            "block_size": self.block_size,
+            "block_bytes": self.block_bytes,
+            "kv_capacity_tokens": self.num_gpu_blocks * self.block_size,
+            "device": self.device,
+        }
+
+    def stats(self) -> WorkerStats:
+        t = self.totals
+        return WorkerStats(
+            worker_id=self.worker_id,
+            role=self.role,
+            node_id="",
+            waiting=max(t.waiting, len(self._pending)),
+            running=max(t.running, len(self._running_ctx)),
+            queued_prompt_tokens=sum(self._pending.values()),
+            running_context_tokens=sum(self._running_ctx.values()),
+            kv_usage=t.kv_usage,
+            kv_capacity_tokens=self.num_gpu_blocks * self.block_size,
+            recent_step_times_s=tuple(t.step_times),
+            healthy=not self.engine.errored,
+            timestamp_s=time.time(),
+        )
+
+    def totals_snapshot(self) -> dict[str, Any]:
+        return self.totals.snapshot()
+
+    async def check_health(self) -> bool:
+        await asyncio.wait_for(self.engine.check_health(), timeout=10)
+        return True
+
+    async def abort(self, request_id: str) -> None:
+        await self.engine.abort(request_id)
+
+    async def _generate(
+        self, request_id: str, prompt_token_ids: list[int], params: Any
+    ) -> AsyncIterator[Any]:
+        """Yield vLLM DELTA RequestOutputs; abort the engine request if the consumer goes away."""
+        from vllm.inputs import TokensPrompt
+
+        n = len(prompt_token_ids)
+        self._pending[request_id] = n
+        finished = False
+        try:
+            async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params,
+                                                  request_id):
+                if request_id in self._pending:
+                    del self._pending[request_id]
+                    self._running_ctx[request_id] = n
+                self._running_ctx[request_id] = self._running_ctx.get(request_id, n) + len(
+                    out.outputs[0].token_ids
+                )
+                finished = out.finished
+                yield out
+        finally:
+            self._pending.pop(request_id, None)
+            self._running_ctx.pop(request_id, None)
+            if not finished:
+                await self.engine.abort(request_id)
+
+    async def generate_stream(
+        self, request_id: str, prompt_token_ids: list[int], params: dict[str, Any]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """A whole request on this engine (colocated mode, 1-token requests, recompute fallbacks)."""
+        async for out in self._generate(request_id, prompt_token_ids, sampling_params(params)):
+            yield delta(out)
+
+    async def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+def delta(out: Any) -> dict[str, Any]:
+    """A plain, serialisable view of one DELTA RequestOutput."""
+    c = out.outputs[0]
+    return {
+        "token_ids": list(c.token_ids),
+        "text": c.text,
+        "finish_reason": c.finish_reason,
+        "stop_reason": c.stop_reason if isinstance(c.stop_reason, str | int | None) else str(c.stop_reason),
+        "finished": out.finished,
+        "num_cached_tokens": out.num_cached_tokens,
+    }

@@ -1,0 +1,75 @@
+"""A vLLM stat logger that keeps the latest scheduler numbers and KV-connector totals in memory."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+
+class EngineTotals:
+    """Running totals, shared between the stat logger (writer) and the worker (reader)."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.running = 0
+        self.kv_usage = 0.0
+        self.step_times: deque[float] = deque(maxlen=32)
+        self.last_step_at = 0.0
+        self.kv_transfers = 0
+        self.kv_bytes = 0
+        self.kv_transfer_s = 0.0
+        self.kv_failures = 0
+        self.kv_expired = 0
+        self.prompt_tokens_computed = 0
+        self.prompt_tokens_external = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "kv_transfers": self.kv_transfers,
+            "kv_bytes": self.kv_bytes,
+            "kv_transfer_s": self.kv_transfer_s,
+            "kv_failures": self.kv_failures,
+            "kv_expired": self.kv_expired,
+            "prompt_tokens_computed": self.prompt_tokens_computed,
+            "prompt_tokens_external": self.prompt_tokens_external,
+        }
+
+
+def make_stat_logger_factory(totals: EngineTotals):
+    class _Logger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.totals = totals
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            t = self.totals
+            now = time.monotonic()
+            if scheduler_stats is not None:
+                t.waiting = scheduler_stats.num_waiting_reqs
+                t.running = scheduler_stats.num_running_reqs
+                t.kv_usage = float(scheduler_stats.kv_cache_usage)
+                kv = scheduler_stats.kv_connector_stats or {}
+                data = kv.get("NixlConnector", kv) if isinstance(kv, dict) else {}
+                if isinstance(data, dict):
+                    data = data.get("data", data)
+                    t.kv_transfers += len(data.get("bytes_transferred", []))
+                    t.kv_bytes += int(sum(data.get("bytes_transferred", [])))
+                    t.kv_transfer_s += float(sum(data.get("transfer_duration", [])))
+                    t.kv_failures += len(data.get("num_failed_transfers", [])) + len(
+                        data.get("num_failed_handshakes", [])
+                    )
+                    t.kv_expired += len(data.get("num_kv_expired_reqs", []))
+            if iteration_stats is not None:
+                pts = iteration_stats.prompt_token_stats
+                t.prompt_tokens_computed += pts.computed
+                t.prompt_tokens_external += pts.external_kv_transfer
+                if t.last_step_at and (iteration_stats.num_generation_tokens or pts.total):
+                    t.step_times.append(now - t.last_step_at)
+                t.last_step_at = now
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _Logger

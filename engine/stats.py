@@ -1,0 +1,26 @@
+"""What a worker tells the router about itself: cheap to compute, msgpack/pickle friendly."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class WorkerStats(NamedTuple):
+    """A snapshot of one engine worker, refreshed by the router every <= 100 ms.
+
+    Step times are seconds, most recent last. ``kv_usage`` is the fraction (0..1) of the engine's KV
+    blocks in use; ``kv_capacity_tokens`` is the engine's total KV capacity in tokens.
+    """
+
+    worker_id: str
+    role: str  # "prefill" | "decode" | "colocated"
+    node_id: str
+    waiting: int  # requests queued, not yet scheduled
+    running: int  # requests in the running batch
+    queued_prompt_tokens: int  # prompt tokens of waiting requests not yet prefilled
+    running_context_tokens: int  # sum of context lengths (prompt + generated) of running requests
+    kv_usage: float
+    kv_capacity_tokens: int
+    recent_step_times_s: tuple[float, ...]
+    healthy: bool = True
+    timestamp_s: float = 0.0

@@ -1,0 +1,79 @@
+"""Per-role NIXL connector configuration and the UCX environment."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Role = Literal["prefill", "decode"]
+FailurePolicy = Literal["recompute", "fail"]
+
+
+class TransferConfig(BaseModel):
+    """How KV moves from prefill to decode engines, and what happens when it does not."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    connector: Literal["NixlConnector"] = Field("NixlConnector", description="vLLM KV connector")
+    failure_policy: FailurePolicy = Field(
+        "recompute",
+        description="On transfer failure/timeout: 'recompute' the prompt on the decode engine, or 'fail'",
+    )
+    transfer_timeout_s: float = Field(
+        20.0, gt=0, description="Max seconds from handing a request to decode until its first token"
+    )
+    kv_lease_s: int = Field(
+        15, ge=6, description="Seconds the prefill engine pins a finished prompt's KV waiting for decode"
+    )
+    backends: list[str] = Field(default_factory=lambda: ["UCX"], description="NIXL backends")
+    ucx_tls: str | None = Field(None, description="UCX_TLS for the engines; None keeps UCX's choice")
+    ucx_net_devices: str | None = Field(
+        None, description="UCX_NET_DEVICES; None = 'lo' on a single CPU host, UCX's choice elsewhere"
+    )
+    side_channel_host: str | None = Field(
+        None, description="Address the NIXL side channel binds to; None = the node's Ray IP address"
+    )
+    fabric_check: bool = Field(True, description="Run the NIXL fabric check before serving")
+    fabric_check_mib: int = Field(16, gt=0, description="Bytes moved per pair by the fabric check, MiB")
+
+
+def kv_transfer_kwargs(role: Role, engine_id: str, device: str, cfg: TransferConfig) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.config.KVTransferConfig`` for one engine."""
+    return {
+        "kv_connector": cfg.connector,
+        "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+        "engine_id": engine_id,
+        # NOTE: on CPU the KV cache itself is DRAM, registered with NIXL directly; on GPU it is VRAM.
+        "kv_buffer_device": "cpu" if device == "cpu" else "cuda",
+        "kv_load_failure_policy": cfg.failure_policy,
+        "kv_connector_extra_config": {
+            "backends": list(cfg.backends),
+            "kv_lease_duration": cfg.kv_lease_s,
+            # NOTE: vLLM skips the pull (and silently recomputes on decode) below 64 prompt tokens by
+            # default; we always pull so that every disaggregated request really moves its KV.
+            "kv_recompute_threshold": 0,
+        },
+    }
+
+
+def transfer_env(cfg: TransferConfig, side_channel_port: int, device: str, node_ip: str) -> dict[str, str]:
+    env = {
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": cfg.side_channel_host or node_ip,
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_channel_port),
+    }
+    if cfg.ucx_tls:
+        env["UCX_TLS"] = cfg.ucx_tls
+    net = cfg.ucx_net_devices or ("lo" if node_ip.startswith("127.") else None)
+    if net:
+        env["UCX_NET_DEVICES"] = net
+    return env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free right now on ``host``. Each engine picks its own at start (and again on restart), so
+    workers sharing a node never collide and a restarted worker never reuses a stale assignment."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,171 @@
+"""Model and hardware catalogs, and reading a model's shape from a Hugging Face `config.json`.
+
+Numbers are public spec-sheet values: dense (no sparsity) peak tensor FLOPS per dtype, HBM size and
+bandwidth, NVLink bandwidth per GPU per direction, NIC bandwidth per GPU. Unknown names raise
+`UnknownNameError` listing the supported ones.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from placement.errors import PlacementError, UnknownNameError
+
+logger = logging.getLogger(__name__)
+
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+GIB = 1024**3
+
+
+def dtype_bytes(dtype: str) -> int:
+    if dtype not in DTYPE_BYTES:
+        raise UnknownNameError("dtype", dtype, list(DTYPE_BYTES))
+    return DTYPE_BYTES[dtype]
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """The shape of a decoder-only transformer, enough for FLOP, byte and KV-size arithmetic."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    params: int
+    max_context: int
+    gated_ffn: bool = True
+
+    def weight_bytes(self, weight_dtype: str) -> int:
+        return self.params * dtype_bytes(weight_dtype)
+
+    def kv_bytes_per_token(self, kv_dtype: str) -> int:
+        """K and V for every layer, all tensor-parallel shards together."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes(kv_dtype)
+
+    def linear_flops_per_token(self) -> float:
+        """2 FLOPs per weight per token for all weights except the input embedding."""
+        return 2.0 * (self.params - self.vocab * self.hidden)
+
+    def attention_flops(self, sum_sq_len: float) -> float:
+        """QK^T and PV over a causal prompt: 2 matmuls x 2 FLOPs x heads*head_dim x l^2/2 per layer."""
+        return 2.0 * self.layers * self.heads * self.head_dim * sum_sq_len
+
+    def decode_attention_flops(self, total_context: float) -> float:
+        return 4.0 * self.layers * self.heads * self.head_dim * total_context
+
+
+@dataclass(frozen=True)
+class HardwareArch:
+    """One accelerator type as sold in an 8-GPU (or N-GPU) node."""
+
+    name: str
+    peak_tflops: dict[str, float]
+    hbm_gib: float
+    hbm_tbps: float
+    nvlink_gbps: float
+    nic_gbps: float
+    gpus_per_node: int
+    allreduce_latency_us: float = 10.0
+    gpu_hour_usd: float = 2.0
+
+    def peak_flops(self, dtype: str) -> float:
+        if dtype not in self.peak_tflops:
+            raise PlacementError(
+                f"hardware {self.name!r} has no {dtype} tensor throughput; use one of {sorted(self.peak_tflops)}"
+            )
+        return self.peak_tflops[dtype] * 1e12
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, params: float,
+           ctx: int, head_dim: int = 128) -> ModelArch:
+    return ModelArch(name, layers, hidden, heads, kv, head_dim, ffn, vocab, int(params), ctx, True)
+
+
+def _opt(name: str, layers: int, hidden: int, params: float) -> ModelArch:
+    heads = hidden // 128
+    return ModelArch(name, layers, hidden, heads, heads, 128, 4 * hidden, 50272, int(params), 2048, False)
+
+
+MODELS: dict[str, ModelArch] = {
+    m.name: m
+    for m in (
+        _llama("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 8.03e9, 131072),
+        _llama("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, 70.55e9, 131072),
+        _llama("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, 32.76e9, 40960),
+        _llama("smollm2-135m", 30, 576, 9, 3, 1536, 49152, 134.5e6, 8192, head_dim=64),
+        _opt("opt-13b", 40, 5120, 12.85e9),
+        _opt("opt-66b", 64, 9216, 65.7e9),
+        _opt("opt-175b", 96, 12288, 174.6e9),
+    )
+}
+
+HARDWARE: dict[str, HardwareArch] = {
+    h.name: h
+    for h in (
+        # NOTE: A100 has no FP8 tensor cores; fp8 weights on A100 are dequantised to fp16 for the matmul.
+        HardwareArch("a100-80gb", {"fp32": 19.5, "bf16": 312, "fp16": 312, "fp8": 312}, 80, 2.039, 300, 25, 8,
+                     gpu_hour_usd=1.8),
+        HardwareArch("h100-sxm", {"fp32": 67, "bf16": 989, "fp16": 989, "fp8": 1979}, 80, 3.35, 450, 50, 8,
+                     gpu_hour_usd=3.0),
+        HardwareArch("h200", {"fp32": 67, "bf16": 989, "fp16": 989, "fp8": 1979}, 141 * 1e9 / GIB, 4.8, 450, 50, 8,
+                     gpu_hour_usd=3.8),
+        HardwareArch("b200", {"fp32": 80, "bf16": 2250, "fp16": 2250, "fp8": 4500}, 180 * 1e9 / GIB, 8.0, 900, 50,
+                     8, gpu_hour_usd=5.5),
+    )
+}
+
+
+def get_model(name: str) -> ModelArch:
+    if name in MODELS:
+        return MODELS[name]
+    path = Path(name)
+    if path.name == "config.json" or (path.is_dir() and (path / "config.json").is_file()):
+        return model_from_hf_config(path)
+    raise UnknownNameError("model", name, [*MODELS, "<path to an HF config.json>"])
+
+
+def get_hardware(name: str) -> HardwareArch:
+    if name not in HARDWARE:
+        raise UnknownNameError("hardware", name, list(HARDWARE))
+    return HARDWARE[name]
+
+
+def model_from_hf_config(path: str | Path) -> ModelArch:
+    """Read layers, widths, heads and vocab from an HF `config.json` (a file or a model folder)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise PlacementError(f"model config {str(p)!r} does not exist; give a catalog name or an HF config.json")
+    cfg = json.loads(p.read_text())
+    try:
+        layers = int(cfg["num_hidden_layers"])
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+    except KeyError as exc:
+        raise PlacementError(f"{p}: missing key {exc.args[0]!r}; is this a decoder-only HF config?") from exc
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    ffn = int(cfg.get("intermediate_size") or cfg.get("ffn_dim") or 4 * hidden)
+    vocab = int(cfg.get("vocab_size", 32000))
+    gated = str(cfg.get("hidden_act", cfg.get("activation_function", "silu"))) in ("silu", "swiglu", "gelu_glu")
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    attn = hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
+    mlp = (3 if gated else 2) * hidden * ffn
+    params = vocab * hidden * (1 if tied else 2) + layers * (attn + mlp)
+    ctx = int(cfg.get("max_position_embeddings", 4096))
+    name = str(cfg.get("_name_or_path") or p.parent.name)
+    logger.debug("model %s from %s: %d layers, %.3g params", name, p, layers, params)
+    return ModelArch(name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, params, ctx, gated)
+
+
+def with_overrides(hw: HardwareArch, **fields: float | int | None) -> HardwareArch:
+    """A copy of `hw` with the given non-None fields replaced (cluster-level link speeds, prices)."""
+    return replace(hw, **{k: v for k, v in fields.items() if v is not None})

@@ -1,0 +1,192 @@
+"""Per-instance latency model: prefill batch time, decode step time, KV size, transfer and capacity.
+
+Every source (roofline from the catalog, DistServe regression coefficients, a measured profile)
+compiles to the same handful of terms, so each call is a few multiplications (the router calls these
+per request). With T = sum(l), S2 = sum(l^2), B = batch, C = total context tokens:
+
+    prefill = max(pa*T + pb*S2, p_mem) + p_fixed + p_lin*T
+    decode  = max(d_mem_c + d_mem_a*C, d_comp_b*B + d_comp_a*C) + d_fixed + d_lin*B
+
+Roofline: compute terms are FLOPs / (peak x efficiency), memory terms bytes / (HBM bw x efficiency).
+Regression (tp=1): pa=a, pb=b, p_fixed=c; d_mem_a=a, d_lin=b, d_fixed=c. For tp=k the per-token terms
+divide by k*e (e = tp_efficiency^log2 k), the weight-streaming share of the constant divides by k, and
+each layer adds two ring all-reduces. Pipeline stages add one activation hop per stage boundary; the
+times below are end-to-end latencies, and the simulator overlaps `pp` batches in flight.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from placement.catalog import GIB, HardwareArch, ModelArch
+from placement.config import Coefficients, LatencySpec
+from placement.errors import DoesNotFitError
+
+ACT_BYTES = 2  # activations cross links in 16-bit
+
+
+@dataclass(frozen=True)
+class Terms:
+    """Seconds-based coefficients of the two formulas in the module docstring."""
+
+    pa: float = 0.0
+    pb: float = 0.0
+    p_mem: float = 0.0
+    p_fixed: float = 0.0
+    p_lin: float = 0.0
+    d_mem_c: float = 0.0
+    d_mem_a: float = 0.0
+    d_comp_b: float = 0.0
+    d_comp_a: float = 0.0
+    d_fixed: float = 0.0
+    d_lin: float = 0.0
+
+
+class LatencyModel:
+    """Latency of one instance (tp x pp GPUs). Build with `from_catalog`, `from_coefficients` or `from_profile`."""
+
+    def __init__(self, terms: Terms, *, tp: int, pp: int, kv_bytes_per_token: int, kv_capacity_tokens: int,
+                 same_node_bps: float, cross_node_bps: float, transfer_latency_s: float = 5e-4,
+                 label: str = "") -> None:
+        self.terms = terms
+        self.tp = tp
+        self.pp = pp
+        self._kvb = kv_bytes_per_token
+        self._kv_cap = kv_capacity_tokens
+        self._same_bps = same_node_bps
+        self._cross_bps = cross_node_bps
+        self.transfer_latency_s = transfer_latency_s
+        self.label = label
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+    def prefill_time_s(self, prompt_lens: Sequence[int]) -> float:
+        total = 0
+        sq = 0
+        for n in prompt_lens:
+            total += n
+            sq += n * n
+        return self.prefill_time_from_sums(total, sq)
+
+    def prefill_time_from_sums(self, total_tokens: float, sum_sq: float) -> float:
+        t = self.terms
+        return max(t.pa * total_tokens + t.pb * sum_sq, t.p_mem) + t.p_fixed + t.p_lin * total_tokens
+
+    def decode_step_time_s(self, batch: int, total_context_tokens: int) -> float:
+        if batch <= 0:
+            return 0.0
+        t = self.terms
+        mem = t.d_mem_c + t.d_mem_a * total_context_tokens
+        comp = t.d_comp_b * batch + t.d_comp_a * total_context_tokens
+        return (mem if mem > comp else comp) + t.d_fixed + t.d_lin * batch
+
+    def kv_bytes_per_token(self) -> int:
+        return self._kvb
+
+    def kv_capacity_tokens(self) -> int:
+        return self._kv_cap
+
+    def kv_transfer_time_s(self, tokens: int, same_node: bool) -> float:
+        """KV bytes over NVLink (same node) or the NICs; each of the tp*pp shards moves in parallel."""
+        bps = (self._same_bps if same_node else self._cross_bps) * self.gpus
+        return self.transfer_latency_s + tokens * self._kvb / bps
+
+    def __repr__(self) -> str:
+        return f"LatencyModel({self.label or 'custom'}, tp={self.tp}, pp={self.pp}, kv_cap={self._kv_cap})"
+
+    # ---- constructors -------------------------------------------------------------------------------
+
+    @classmethod
+    def from_catalog(cls, model: ModelArch, hardware: HardwareArch, *, tp: int = 1, pp: int = 1,
+                     weight_dtype: str = "bf16", kv_dtype: str = "bf16", spec: LatencySpec | None = None,
+                     intra_node_gbps: float | None = None, inter_node_gbps: float | None = None,
+                     gpus_per_node: int | None = None) -> LatencyModel:
+        """Roofline model, or DistServe regression when `spec.coefficients` is set (missing TPs derived)."""
+        spec = spec or LatencySpec()
+        if tp < 1 or pp < 1:
+            raise DoesNotFitError(f"tp={tp}, pp={pp}: both must be >= 1")
+        kvb = model.kv_bytes_per_token(kv_dtype)
+        wbytes = model.weight_bytes(weight_dtype)
+        per_gpu_free = hardware.hbm_gib * GIB * spec.mem_utilization - wbytes / (tp * pp) - spec.reserve_gib * GIB
+        capacity = int(per_gpu_free * tp * pp // kvb) if per_gpu_free > 0 else 0
+        nvlink = (intra_node_gbps or hardware.nvlink_gbps) * 1e9 * spec.link_efficiency
+        nic = (inter_node_gbps or hardware.nic_gbps) * 1e9 * spec.link_efficiency
+        hbm = hardware.hbm_tbps * 1e12 * spec.memory_efficiency
+        e = spec.tp_efficiency ** math.log2(tp) if tp > 1 else 1.0
+        gpn = gpus_per_node or hardware.gpus_per_node
+        # Ring all-reduce after attention and after the MLP in every layer.
+        ar_fixed = 2 * model.layers * hardware.allreduce_latency_us * 1e-6 if tp > 1 else 0.0
+        ar_tok = 2 * model.layers * 2 * (tp - 1) / tp * model.hidden * ACT_BYTES / nvlink if tp > 1 else 0.0
+        hop_bps = nvlink if tp * pp <= gpn else nic
+        pp_fixed = (pp - 1) * spec.pp_hop_latency_ms / 1000.0
+        pp_tok = (pp - 1) * model.hidden * ACT_BYTES / hop_bps
+        if spec.coefficients:
+            coeffs = spec.coefficients
+            if tp in coeffs:
+                terms = _regression_terms(coeffs[tp], 1, 1.0, 0.0)
+            else:
+                w_share = min(0.95, wbytes / hbm / (coeffs[1].decode_c / 1000.0)) if coeffs[1].decode_c else 0.0
+                terms = _regression_terms(coeffs[1], tp, e, w_share)
+                terms = _add(terms, ar_fixed, ar_tok)
+            label = f"{model.name}@{hardware.name} regression"
+        else:
+            cdtype = weight_dtype if weight_dtype in ("fp8", "fp32") else "bf16"
+            peak = hardware.peak_flops(cdtype) * spec.compute_efficiency * tp * e
+            over = spec.step_overhead_ms / 1000.0
+            terms = Terms(
+                pa=model.linear_flops_per_token() / peak,
+                pb=model.attention_flops(1.0) / peak,
+                p_mem=wbytes / (tp * hbm),
+                p_fixed=over + ar_fixed,
+                p_lin=ar_tok,
+                d_mem_c=wbytes / (tp * hbm),
+                d_mem_a=kvb / (tp * hbm),
+                d_comp_b=model.linear_flops_per_token() / peak,
+                d_comp_a=model.decode_attention_flops(1.0) / peak,
+                d_fixed=over + ar_fixed,
+                d_lin=ar_tok,
+            )
+            label = f"{model.name}@{hardware.name} roofline"
+        terms = _add(terms, pp_fixed, pp_tok)
+        return cls(terms, tp=tp, pp=pp, kv_bytes_per_token=kvb, kv_capacity_tokens=capacity,
+                   same_node_bps=nvlink, cross_node_bps=nic, label=f"{label} tp{tp} pp{pp}")
+
+    @classmethod
+    def from_coefficients(cls, coeffs: Coefficients, *, kv_bytes_per_token: int, kv_capacity_tokens: int,
+                          same_node_gbps: float = 300.0, cross_node_gbps: float = 25.0,
+                          transfer_latency_s: float = 5e-4) -> LatencyModel:
+        """One instance exactly as DistServe's regression describes it (coefficients in ms)."""
+        return cls(_regression_terms(coeffs, 1, 1.0, 0.0), tp=1, pp=1, kv_bytes_per_token=kv_bytes_per_token,
+                   kv_capacity_tokens=kv_capacity_tokens, same_node_bps=same_node_gbps * 1e9,
+                   cross_node_bps=cross_node_gbps * 1e9, transfer_latency_s=transfer_latency_s,
+                   label="regression")
+
+    @classmethod
+    def from_profile(cls, path: str | Path) -> LatencyModel:
+        """The model measured by `python -m placement profile` (see placement.profile_io)."""
+        from placement.profile_io import load_profile
+
+        prof = load_profile(path)
+        return cls(_regression_terms(prof.coefficients, 1, 1.0, 0.0), tp=prof.engine.tp, pp=1,
+                   kv_bytes_per_token=prof.kv_bytes_per_token, kv_capacity_tokens=prof.kv_capacity_tokens,
+                   same_node_bps=prof.transfer.same_node_gbps * 1e9,
+                   cross_node_bps=prof.transfer.cross_node_gbps * 1e9,
+                   transfer_latency_s=prof.transfer.latency_ms / 1000.0, label=f"profile {prof.model.name}")
+
+
+def _regression_terms(c: Coefficients, tp: int, e: float, weight_share: float) -> Terms:
+    """DistServe coefficients (ms) at tp=1, scaled to tp (see module docstring)."""
+    k = tp * e
+    const_scale = weight_share / tp + (1.0 - weight_share)
+    return Terms(pa=c.prefill_a / 1e3 / k, pb=c.prefill_b / 1e3 / k, p_fixed=c.prefill_c / 1e3 * const_scale,
+                 d_mem_a=c.decode_a / 1e3 / k, d_lin=c.decode_b / 1e3 / k, d_fixed=c.decode_c / 1e3 * const_scale)
+
+
+def _add(t: Terms, fixed: float, per_token: float) -> Terms:
+    return Terms(t.pa, t.pb, t.p_mem, t.p_fixed + fixed, t.p_lin + per_token, t.d_mem_c, t.d_mem_a, t.d_comp_b,
+                 t.d_comp_a, t.d_fixed + fixed, t.d_lin + per_token)

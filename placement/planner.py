@@ -1,0 +1,269 @@
+"""`make_plan(cfg)`: choose prefill/decode parallelism and pool sizes, verify by simulation, add the
+colocated baseline and costs. See search.py for the algorithms and docs/placement.md for the model."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from placement.config import PlannerConfig
+from placement.context import PlanContext
+from placement.dispatch import InstanceView
+from placement.errors import PlacementError
+from placement.plan import Colocated, PlacementPlan, PoolShape
+from placement.search import (
+    PhaseChoice,
+    Unit,
+    best_by_per_gpu,
+    best_units,
+    colocated_goodput,
+    decode_goodput,
+    prefill_goodput,
+)
+from placement.sim_result import SimResult
+from placement.simulator import simulate_disaggregated
+from placement.workload import Workload
+
+logger = logging.getLogger(__name__)
+
+MAX_VERIFY_REQUESTS = 4000
+AFFINITY_THRESHOLD = 0.1  # NIC transfer of a p90 prompt above this share of the TTFT target: low affinity
+
+
+class GroupedDispatch:
+    """Round robin over prefill instances; the decode instance is taken round robin from the same group
+    (node or algorithm-2 unit) as the prefill instance, so the KV moves over NVLink."""
+
+    def __init__(self, p_group: list[int], d_group: list[int]) -> None:
+        self.p_group = p_group
+        self.members: dict[int, list[int]] = {}
+        for d, g in enumerate(d_group):
+            self.members.setdefault(g, []).append(d)
+        self._p = 0
+        self._d: dict[int, int] = {}
+        self._any = 0
+
+    def choose(self, now_s: float, prompt_len: int, output_len: int, prefill: Sequence[InstanceView],
+               decode: Sequence[InstanceView]) -> tuple[int, int] | None:
+        p = self._p % len(prefill)
+        self._p += 1
+        group = self.members.get(self.p_group[p])
+        if not group:
+            self._any += 1
+            return p, (self._any - 1) % len(decode)
+        k = self._d.get(self.p_group[p], 0)
+        self._d[self.p_group[p]] = k + 1
+        return p, group[k % len(group)]
+
+
+def choose_algorithm(ctx: PlanContext, wl: Workload) -> str:
+    algo = ctx.cfg.search.algorithm
+    if algo != "auto":
+        return algo
+    if ctx.nodes == 1:
+        return "low-affinity"
+    lat = ctx.latency(min(ctx.cfg.search.tp_options), 1)
+    p90 = int(np.percentile(wl.inputs, 90))
+    slow = lat.kv_transfer_time_s(p90, same_node=False) > AFFINITY_THRESHOLD * ctx.cfg.slo.ttft_s
+    return "low-affinity" if slow else "high-affinity"
+
+
+def pack_nodes(n_p: int, g_p: int, n_d: int, g_d: int, gpn: int) -> tuple[list[list[str]], list[int], list[int]]:
+    """First-fit packing of instances onto nodes, prefill and decode interleaved so pairs share nodes.
+    Instances wider than a node take whole nodes. Returns (node contents, node of each P, node of each D)."""
+    nodes: list[list[str]] = []
+    free: list[int] = []
+    p_node = [0] * n_p
+    d_node = [0] * n_d
+    order = [("P", i, g_p) for i in range(n_p)] + [("D", i, g_d) for i in range(n_d)]
+    order.sort(key=lambda x: (x[1] * (n_p + n_d) // (n_p if x[0] == "P" else n_d), x[0] == "D"))
+    for kind, i, g in order:
+        label = f"{kind}{i}"
+        if g >= gpn:
+            first = len(nodes)
+            for k in range(math.ceil(g / gpn)):
+                nodes.append([f"{label}.{k}"])
+                free.append(0)
+            node = first
+        else:
+            node = next((j for j, f in enumerate(free) if f >= g), -1)
+            if node < 0:
+                nodes.append([])
+                free.append(gpn)
+                node = len(nodes) - 1
+            nodes[node].append(label)
+            free[node] -= g
+        (p_node if kind == "P" else d_node)[i] = node
+    return nodes, p_node, d_node
+
+
+def _verify(ctx: PlanContext, p: PhaseChoice, d: PhaseChoice, n: int, m: int, p_group: list[int],
+            d_group: list[int], rate: float) -> SimResult:
+    nreq = min(MAX_VERIFY_REQUESTS, max(ctx.cfg.search.requests, 40 * (n + m)))
+    wl = Workload.from_spec(ctx.cfg.workload, nreq, ctx.cfg.search.seed + 1, ctx.max_context)
+    return simulate_disaggregated(p.lat, d.lat, n, m, wl.at_rate(rate), dispatch=GroupedDispatch(p_group, d_group),
+                                  same_node=lambda a, b: p_group[a] == d_group[b],
+                                  max_prefill_tokens=ctx.cfg.search.max_prefill_tokens)
+
+
+def _phase_shortfall(res: SimResult, ttft: float, tpot: float) -> str:
+    ok = [r for r in res.records if not r.rejected]
+    miss_p = sum(1 for r in ok if r.ttft_s > ttft)
+    miss_d = sum(1 for r in ok if r.tpot_s > tpot)
+    return "prefill" if miss_p >= miss_d else "decode"
+
+
+def make_plan(cfg: PlannerConfig) -> PlacementPlan:
+    """Search, size and verify a disaggregated plan for `cfg` (raises PlacementError on bad input)."""
+    t0 = time.perf_counter()
+    ctx = PlanContext.from_config(cfg)
+    wl = ctx.workload()
+    algo = choose_algorithm(ctx, wl)
+    cands = ctx.candidates(wl)
+    s, slo = cfg.search, cfg.slo
+    near = algo == "low-affinity"
+    pre = [PhaseChoice(lat, prefill_goodput(lat, wl, slo, s.max_prefill_tokens, near)) for lat in cands]
+    sizes: dict[int, Workload] = {}
+
+    def workload_for(n: int) -> Workload:
+        if n not in sizes:
+            sizes[n] = Workload.from_spec(cfg.workload, n, s.seed, ctx.max_context)
+        return sizes[n]
+
+    dec = [PhaseChoice(lat, decode_goodput(lat, wl, slo, workload_for)) for lat in cands]
+    for c in pre + dec:
+        logger.info("%s: prefill/decode goodput %.3f req/s (%.3f per GPU)", c.lat, c.goodput.rate_rps,
+                    c.goodput.per_gpu)
+    colo = None
+    if s.colocated_baseline:
+        colo = best_by_per_gpu([PhaseChoice(lat, colocated_goodput(lat, wl, slo, s.max_prefill_tokens))
+                                for lat in cands if lat.pp == 1] or [PhaseChoice(cands[0], pre[0].goodput)])
+    w = cfg.workload
+    rates: list[float | None]
+    if w.rate_sweep is not None:
+        lo, hi, steps = w.rate_sweep
+        rates = [float(r) for r in np.linspace(lo, hi, int(steps))]
+    else:
+        rates = [w.rate_rps]
+    plans = [_size(ctx, wl, algo, pre, dec, colo, r) for r in rates]
+    plan = plans[-1]
+    plan.candidates = [_cand(role, c) for role, cs in (("prefill", pre), ("decode", dec)) for c in cs]
+    if colo is not None:
+        plan.candidates.append(_cand("colocated", colo))
+    if len(plans) > 1:
+        plan.sweep = plans
+    plan.search_s = time.perf_counter() - t0
+    return plan
+
+
+def _cand(role: str, c: PhaseChoice) -> dict[str, object]:
+    g = c.goodput
+    return {"role": role, "tp": c.lat.tp, "pp": c.lat.pp, "goodput_rps": round(g.rate_rps, 4),
+            "per_gpu": round(g.per_gpu, 4), "light_load_attainment": round(g.best_attainment, 4)}
+
+
+def _size(ctx: PlanContext, wl: Workload, algo: str, pre: list[PhaseChoice], dec: list[PhaseChoice],
+          colo: PhaseChoice | None, rate: float | None) -> PlacementPlan:
+    slo = ctx.cfg.slo
+    gpn, total = ctx.gpus_per_node, ctx.total_gpus
+    notes: list[str] = []
+    unit: Unit | None = None
+    if algo == "low-affinity":
+        ranked = best_units(pre, dec, gpn, ctx.cfg.search.node_ratios)
+        unit = ranked[0] if ranked else None
+    if unit is not None:
+        bp, bd = unit.prefill, unit.decode
+        cap = unit.goodput_rps
+        feasible = cap > 0
+        units = (math.ceil(rate / cap - 1e-9) if rate else ctx.nodes) if feasible else 1
+    else:
+        if algo == "low-affinity":
+            notes.append("no prefill/decode pair fits in one node; used algorithm 1 (cross-node KV transfer)")
+            algo = "high-affinity"
+        bp, bd = best_by_per_gpu(pre), best_by_per_gpu(dec)
+        feasible = bp.goodput.rate_rps > 0 and bd.goodput.rate_rps > 0
+        units = 0
+    gp, gd = bp.goodput.rate_rps, bd.goodput.rate_rps
+    if not feasible:
+        notes.append(f"no configuration meets TTFT<={slo.ttft_s}s and TPOT<={slo.tpot_s}s for "
+                     f"{slo.attainment:.0%} of requests even at light load; best light-load attainment: prefill "
+                     f"{bp.goodput.best_attainment:.1%} (TP{bp.lat.tp} PP{bp.lat.pp}), decode "
+                     f"{bd.goodput.best_attainment:.1%} (TP{bd.lat.tp} PP{bd.lat.pp})")
+    for _round in range(8):
+        if unit is not None:
+            n, m = units * unit.n_prefill, units * unit.n_decode
+            goodput = units * unit.goodput_rps
+            packing, p_group, d_group = _unit_packing(unit, units)
+        else:
+            n, m = _pool_counts(feasible, rate, gp, gd, bp.lat.gpus, bd.lat.gpus, total)
+            goodput = min(n * gp, m * gd)
+            packing, p_group, d_group = pack_nodes(n, bp.lat.gpus, m, bd.lat.gpus, gpn)
+        gpus = n * bp.lat.gpus + m * bd.lat.gpus
+        if gpus > total or len(packing) > ctx.nodes:
+            if _round == 0:
+                raise PlacementError(
+                    f"rate {rate:g} req/s needs {gpus} GPUs on {len(packing)} node(s) ({n} prefill x TP{bp.lat.tp} "
+                    f"PP{bp.lat.pp}, {m} decode x TP{bd.lat.tp} PP{bd.lat.pp}), but the cluster has {total} GPUs "
+                    f"({ctx.nodes} nodes x {gpn}); lower workload.rate_rps or add cluster.nodes")
+            notes.append("attainment below target at the cluster's size; shown with one pool step less")
+            break
+        plan_n, plan_m, plan_goodput, plan_packing = n, m, goodput, packing
+        sim_rate = rate if rate else max(goodput, 1e-6)
+        res = _verify(ctx, bp, bd, n, m, p_group, d_group, sim_rate)
+        att = res.attainment(slo.ttft_s, slo.tpot_s)
+        if not (rate and feasible and att < slo.attainment):
+            break
+        if unit is not None:
+            units += 1
+        elif _phase_shortfall(res, slo.ttft_s, slo.tpot_s) == "prefill":
+            gp = min(gp, rate / (n + 1))
+        else:
+            gd = min(gd, rate / (m + 1))
+        notes.append(f"joint attainment {att:.1%} at {n}P/{m}D below target; added capacity")
+    price = ctx.gpu_hour_usd
+    served = plan_goodput if plan_goodput > 0 else 0.0
+    p_cost = plan_n * bp.lat.gpus * price
+    d_cost = plan_m * bd.lat.gpus * price
+    cost_in = p_cost / (served * wl.mean_input * 3600) * 1e6 if served else math.inf
+    cost_out = d_cost / (served * wl.mean_output * 3600) * 1e6 if served else math.inf
+    plan_gpus = plan_n * bp.lat.gpus + plan_m * bd.lat.gpus
+    colocated = None
+    if colo is not None:
+        inst = plan_gpus // colo.lat.gpus
+        colocated = Colocated(plan_gpus, inst, colo.lat.tp, inst * colo.goodput.rate_rps, colo.goodput.per_gpu)
+    pct = slo.percentile
+    return PlacementPlan(
+        prefill=PoolShape(plan_n, bp.lat.tp, bp.lat.pp), decode=PoolShape(plan_m, bd.lat.tp, bd.lat.pp),
+        algorithm=algo, rate_rps=rate, goodput_rps=plan_goodput, ttft_s=res.ttft().at(pct),
+        tpot_s=res.tpot().at(pct), attainment=att, percentile=pct, cost_per_m_input_usd=cost_in,
+        cost_per_m_output_usd=cost_out, prefill_instance_goodput_rps=bp.goodput.rate_rps,
+        decode_instance_goodput_rps=bd.goodput.rate_rps, node_packing=plan_packing, colocated=colocated,
+        feasible=feasible, notes=notes, cluster_gpus=total, gpu_hour_usd=price)
+
+
+def _pool_counts(feasible: bool, rate: float | None, gp: float, gd: float, gpus_p: int, gpus_d: int,
+                 total: int) -> tuple[int, int]:
+    if not feasible:
+        return 1, 1
+    if rate:
+        return math.ceil(rate / gp - 1e-9), math.ceil(rate / gd - 1e-9)
+    best = (1, 1)
+    best_rate = -1.0
+    for n in range(1, total // gpus_p + 1):
+        m = (total - n * gpus_p) // gpus_d
+        if m >= 1 and min(n * gp, m * gd) > best_rate:
+            best, best_rate = (n, m), min(n * gp, m * gd)
+    return best
+
+
+def _unit_packing(unit: Unit, units: int) -> tuple[list[list[str]], list[int], list[int]]:
+    """Algorithm 2: unit u is node u holding its prefill and decode instances."""
+    nodes = [[f"P{u * unit.n_prefill + i}" for i in range(unit.n_prefill)]
+             + [f"D{u * unit.n_decode + i}" for i in range(unit.n_decode)] for u in range(units)]
+    p_group = [i // unit.n_prefill for i in range(units * unit.n_prefill)]
+    d_group = [i // unit.n_decode for i in range(units * unit.n_decode)]
+    return nodes, p_group, d_group

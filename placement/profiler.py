@@ -1,0 +1,146 @@
+"""`python -m placement profile`: measure a real vLLM engine on this machine and write a profile YAML.
+
+Prefill: batches of token-id prompts run with max_tokens=1, timed over `engine.step()` calls.
+Decode: B prompts of length L run a few steps with ignore_eos; each decode step is timed with its batch
+and total context. Both are fitted to DistServe's form by non-negative least squares. vLLM is imported
+lazily here only; the planner never needs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import socket
+import statistics
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from placement.catalog import model_from_hf_config
+from placement.config import Coefficients
+from placement.profile_io import (
+    EngineInfo,
+    FitInfo,
+    MachineInfo,
+    ProfileData,
+    ProfiledModel,
+    TransferInfo,
+    save_profile,
+)
+
+logger = logging.getLogger(__name__)
+
+CPU_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
+           "HF_HUB_OFFLINE": "1"}
+
+
+def nnls_fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    """Least squares with non-negative coefficients (small active-set loop); returns (coef, R^2)."""
+    active = list(range(x.shape[1]))
+    coef = np.zeros(x.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        if (sol >= 0).all():
+            coef[:] = 0
+            coef[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))
+    pred = x @ coef
+    ss_tot = float(((y - y.mean()) ** 2).sum()) or 1e-12
+    return coef, 1.0 - float(((y - pred) ** 2).sum()) / ss_tot
+
+
+def _run_steps(engine: Any, prompts: list[list[int]], max_tokens: int, tag: str) -> list[tuple[float, int]]:
+    """Submit prompts, step until done; return (seconds, live requests) for every step."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"{tag}-{i}", TokensPrompt(prompt_token_ids=p), params)
+    steps: list[tuple[float, int]] = []
+    live = len(prompts)
+    while engine.has_unfinished_requests():
+        t0 = time.perf_counter()
+        outs = engine.step()
+        steps.append((time.perf_counter() - t0, live))
+        live -= sum(1 for o in outs if o.finished)
+    return steps
+
+
+def profile_engine(model_spec: str, out: str | Path, *, kv_cache_mib: int = 128, max_model_len: int = 2048,
+                   prefill_lens: list[int] | None = None, decode_batches: list[int] | None = None,
+                   decode_contexts: list[int] | None = None, decode_steps: int = 6, repeats: int = 2,
+                   gpu_hour_usd: float = 0.1) -> ProfileData:
+    for k, v in CPU_ENV.items():
+        os.environ.setdefault(k, v)
+    from engine.models import resolve_model  # lazy: the lead's model preparation (may build a cache dir)
+
+    prefill_lens = prefill_lens or [16, 64, 128, 256, 512]
+    decode_batches = decode_batches or [1, 4, 8, 16]
+    decode_contexts = decode_contexts or [64, 256]
+    path = resolve_model(model_spec)
+    arch = model_from_hf_config(path)
+    import torch
+    import vllm
+
+    llm = vllm.LLM(model=str(path), dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
+                   kv_cache_memory_bytes=kv_cache_mib * 2**20, max_model_len=max_model_len,
+                   enable_prefix_caching=False, max_num_seqs=max(max(decode_batches), 4),
+                   max_num_batched_tokens=max(max_model_len, 2 * max(prefill_lens)), seed=0)
+    engine = llm.llm_engine
+    rng = np.random.default_rng(0)
+    vocab = min(arch.vocab, 32000)
+
+    def prompt(n: int) -> list[int]:
+        return [int(t) for t in rng.integers(100, vocab, size=n)]
+
+    _run_steps(engine, [prompt(32)], 4, "warmup")
+    pre_samples: list[list[float]] = []
+    batches = [[n] for n in prefill_lens] + [[n, n] for n in prefill_lens[1:3]] + [[64] * 4]
+    for lens in batches:
+        times = [sum(s for s, _ in _run_steps(engine, [prompt(n) for n in lens], 1, "p")) for _ in range(repeats)]
+        pre_samples.append([float(sum(lens)), float(sum(n * n for n in lens)), min(times) * 1e3])
+        logger.info("prefill %s tokens: %.2f ms", lens, min(times) * 1e3)
+    dec_samples: list[list[float]] = []
+    for ctx in decode_contexts:
+        for b in decode_batches:
+            steps = _run_steps(engine, [prompt(ctx) for _ in range(b)], decode_steps + 1, "d")[1:]
+            full = [sec for sec, live in steps if live == b]
+            if full:
+                # NOTE: the median step of each (batch, context) point resists CPU-contention spikes.
+                mid_ctx = b * (ctx + 1 + len(full) / 2)
+                dec_samples.append([float(b), float(mid_ctx), statistics.median(full) * 1e3])
+            logger.info("decode batch %d ctx %d: median %.2f ms", b, ctx,
+                        statistics.median(s for s, _ in steps) * 1e3 if steps else float("nan"))
+    p = np.array(pre_samples)
+    (pa, pb, pc), p_r2 = nnls_fit(np.column_stack([p[:, 0], p[:, 1], np.ones(len(p))]), p[:, 2])
+    d = np.array(dec_samples)
+    (da, db, dc), d_r2 = nnls_fit(np.column_stack([d[:, 1], d[:, 0], np.ones(len(d))]), d[:, 2])
+    kvb = arch.kv_bytes_per_token("fp32")
+    cache = engine.vllm_config.cache_config
+    blocks = getattr(cache, "num_gpu_blocks", None)
+    block_size = int(getattr(cache, "block_size", 128) or 128)
+    capacity = int(blocks * block_size) if blocks else kv_cache_mib * 2**20 // kvb
+    prof = ProfileData(
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        machine=MachineInfo(hostname=socket.gethostname(), platform=platform.platform(),
+                            processor=platform.processor() or platform.machine(), cpu_count=os.cpu_count() or 1,
+                            python=platform.python_version(), torch=torch.__version__, vllm=vllm.__version__,
+                            device="cpu"),
+        model=ProfiledModel(spec=model_spec, path=str(path), name=arch.name, layers=arch.layers, hidden=arch.hidden,
+                            heads=arch.heads, kv_heads=arch.kv_heads, head_dim=arch.head_dim, params=arch.params),
+        engine=EngineInfo(dtype="float32", tp=1, block_size=block_size, kv_cache_mib=kv_cache_mib,
+                          max_model_len=max_model_len, threads=int(os.environ.get("OMP_NUM_THREADS", "1"))),
+        coefficients=Coefficients(prefill_a=float(pa), prefill_b=float(pb), prefill_c=float(pc), decode_a=float(da),
+                                  decode_b=float(db), decode_c=float(dc)),
+        fit=FitInfo(prefill_r2=round(p_r2, 4), decode_r2=round(d_r2, 4),
+                    prefill_samples=[[round(v, 4) for v in s] for s in pre_samples],
+                    decode_samples=[[round(v, 4) for v in s] for s in dec_samples]),
+        kv_bytes_per_token=kvb, kv_capacity_tokens=capacity, transfer=TransferInfo(), gpu_hour_usd=gpu_hour_usd)
+    save_profile(prof, out)
+    return prof

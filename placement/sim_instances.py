@@ -1,0 +1,167 @@
+"""Instance state machines used by the simulator (one prefill instance, one decode lane, one colocated instance).
+
+Requests live in the simulator's `ReqState` table; instances hold only request ids and counters.
+A decode lane reserves `input_len + output_len` KV tokens at admission (no preemption), so
+`kv_used <= kv_capacity` always holds; a request that cannot fit even an empty lane is rejected.
+
+Decode lane bookkeeping is O(log n) per step: the running context is `base_sum + batch * step`, where
+each running request contributes `input_len + 1 - admitted_step`; finishing steps sit in a heap.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+from placement.latency import LatencyModel
+
+
+@dataclass(slots=True)
+class ReqState:
+    arrival: float
+    input_len: int
+    output_len: int
+    prefill_idx: int = -1
+    decode_idx: int = -1
+    first_token: float = -1.0
+    finish: float = -1.0
+    decode_start: float = -1.0
+    rejected: bool = False
+
+
+@dataclass(slots=True)
+class Pipeline:
+    """Stage occupancy of a pp-stage instance: a batch enters stage s+1 when it leaves stage s and
+    stage s+1 is free, so batches of unequal size leave bubbles (exact for in-order pipelines)."""
+
+    free_at: list[float]
+
+    @classmethod
+    def of(cls, pp: int) -> Pipeline:
+        return cls([0.0] * pp)
+
+    def run(self, now: float, total_s: float) -> float:
+        """Schedule a batch whose end-to-end latency alone is `total_s`; return its completion time."""
+        stage = total_s / len(self.free_at)
+        t = now
+        for s, free in enumerate(self.free_at):
+            t = (t if t > free else free) + stage
+            self.free_at[s] = t
+        return t
+
+
+@dataclass(slots=True)
+class PrefillInstance:
+    """FIFO prefill with batches of up to `max_tokens` prompt tokens; `pp` batches may be in flight."""
+
+    lat: LatencyModel
+    max_tokens: int
+    queue: deque[int] = field(default_factory=deque)
+    queued_tokens: int = 0
+    in_flight: int = 0
+    pipe: Pipeline = field(default_factory=lambda: Pipeline.of(1))
+
+    def take_batch(self, reqs: list[ReqState]) -> tuple[list[int], float]:
+        """Pop a batch (at least one request) and return it with its end-to-end latency."""
+        batch: list[int] = []
+        total = 0
+        sq = 0
+        while self.queue:
+            rid = self.queue[0]
+            n = reqs[rid].input_len
+            if batch and total + n > self.max_tokens:
+                break
+            self.queue.popleft()
+            batch.append(rid)
+            total += n
+            sq += n * n
+        self.queued_tokens -= total
+        return batch, self.lat.prefill_time_from_sums(total, sq)
+
+
+@dataclass(slots=True)
+class DecodeLane:
+    """Continuous batching with KV reservation. An instance with pp stages runs pp lanes (micro-batches)
+    that share one `Pipeline`."""
+
+    lat: LatencyModel
+    capacity: int
+    pipe: Pipeline
+    waiting: deque[int] = field(default_factory=deque)
+    waiting_tokens: int = 0
+    finishing: list[tuple[int, int]] = field(default_factory=list)
+    batch: int = 0
+    base_sum: int = 0
+    step: int = 0
+    kv_used: int = 0
+    busy: bool = False
+    admitted_step: dict[int, int] = field(default_factory=dict)
+
+    def context_tokens(self) -> int:
+        return self.base_sum + self.batch * self.step
+
+    def admit(self, rid: int, r: ReqState) -> None:
+        need = r.input_len + r.output_len
+        self.kv_used += need
+        self.batch += 1
+        self.base_sum += r.input_len + 1 - self.step
+        self.admitted_step[rid] = self.step
+        heapq.heappush(self.finishing, (self.step + r.output_len - 1, rid))
+
+    def admit_waiting(self, reqs: list[ReqState], now: float) -> None:
+        while self.waiting:
+            rid = self.waiting[0]
+            r = reqs[rid]
+            if self.kv_used + r.input_len + r.output_len > self.capacity:
+                break
+            self.waiting.popleft()
+            self.waiting_tokens -= r.input_len
+            r.decode_start = now
+            self.admit(rid, r)
+
+    def step_time(self) -> float:
+        return self.lat.decode_step_time_s(self.batch, self.context_tokens())
+
+    def finish_step(self, reqs: list[ReqState], now: float) -> list[int]:
+        """Advance one step; return the ids of requests that produced their last token."""
+        self.step += 1
+        done: list[int] = []
+        while self.finishing and self.finishing[0][0] <= self.step:
+            _, rid = heapq.heappop(self.finishing)
+            r = reqs[rid]
+            r.finish = now
+            self.kv_used -= r.input_len + r.output_len
+            self.batch -= 1
+            self.base_sum -= r.input_len + 1 - self.admitted_step.pop(rid)
+            done.append(rid)
+        return done
+
+
+@dataclass(slots=True)
+class ColocatedInstance:
+    """vLLM-style (no chunked prefill): a prefill batch runs whenever waiting requests fit, stalling decode."""
+
+    lane: DecodeLane
+    max_tokens: int
+    busy: bool = False
+
+    def take_prefill(self, reqs: list[ReqState]) -> tuple[list[int], float]:
+        lane = self.lane
+        batch: list[int] = []
+        total = 0
+        sq = 0
+        while lane.waiting:
+            rid = lane.waiting[0]
+            r = reqs[rid]
+            if lane.kv_used + r.input_len + r.output_len > lane.capacity:
+                break
+            if batch and total + r.input_len > self.max_tokens:
+                break
+            lane.waiting.popleft()
+            lane.waiting_tokens -= r.input_len
+            lane.kv_used += r.input_len + r.output_len  # reserved now, admitted to the batch at prefill end
+            batch.append(rid)
+            total += r.input_len
+            sq += r.input_len * r.input_len
+        return batch, lane.lat.prefill_time_from_sums(total, sq)

@@ -1,0 +1,237 @@
+"""Discrete-event simulator of a disaggregated deployment (prefill pool -> KV transfer -> decode pool)
+and of the colocated baseline (each instance interleaves prefill batches and decode steps).
+
+Request life cycle (disaggregated):
+
+    arrive --dispatch--> prefill queue --batch--> prefill done --KV transfer--> first token (TTFT)
+           \\-> rejected                                                          |
+                                     decode waiting (KV full?) --admit--> decode steps --> finish
+
+TTFT = first token - arrival (includes queueing, prefill and KV transfer). TPOT = (finish - first
+token) / (output_len - 1), so decode queueing counts against TPOT; requests with one output token
+finish at the first token. Open loop: requests arrive at their `arrival_s`. Closed loop (`clients=C`):
+C requests start at t=0 and each completion or rejection sends the next one. Modes "prefill" and
+"decode" simulate one pool alone (used by the search).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Callable, Sequence
+
+from placement.dispatch import DispatchPolicy, InstanceView, RoundRobinDispatch
+from placement.latency import LatencyModel
+from placement.sim_instances import ColocatedInstance, DecodeLane, Pipeline, PrefillInstance, ReqState
+from placement.sim_result import SimResult
+from placement.workload import Request
+
+logger = logging.getLogger(__name__)
+
+_ARRIVE, _P_DONE, _P_FREE, _XFER_DONE, _D_STEP, _C_DONE = range(6)
+SameNode = Callable[[int, int], bool]
+
+
+class _Sim:
+    def __init__(self, requests: Sequence[Request], clients: int | None) -> None:
+        self.reqs = [ReqState(r.arrival_s, r.input_len, r.output_len) for r in requests]
+        self.events: list[tuple[float, int, int, int, object]] = []
+        self.seq = 0
+        self.next_closed = 0
+        self.clients = clients
+        if clients is None:
+            for rid, r in enumerate(self.reqs):
+                self.push(r.arrival, _ARRIVE, rid, None)
+        else:
+            for rid in range(min(clients, len(self.reqs))):
+                self.reqs[rid].arrival = 0.0
+                self.push(0.0, _ARRIVE, rid, None)
+            self.next_closed = min(clients, len(self.reqs))
+
+    def push(self, t: float, kind: int, a: int, b: object) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, a, b))
+
+    def completed(self, now: float) -> None:
+        """Closed loop: a finished or rejected request frees its client."""
+        if self.clients is not None and self.next_closed < len(self.reqs):
+            rid = self.next_closed
+            self.next_closed += 1
+            self.reqs[rid].arrival = now
+            self.push(now, _ARRIVE, rid, None)
+
+
+def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, n_prefill: int, n_decode: int,
+                           requests: Sequence[Request], *, dispatch: DispatchPolicy | None = None,
+                           same_node: bool | SameNode = False, max_prefill_tokens: int = 4096,
+                           clients: int | None = None, mode: str = "both") -> SimResult:
+    """Simulate `n_prefill` prefill and `n_decode` decode instances serving `requests`.
+
+    `mode="prefill"` stops at the first token (decode not simulated); `mode="decode"` sends requests
+    straight to decode at their arrival (first token = arrival). `same_node(p, d)` says whether the
+    KV of prefill p to decode d moves over NVLink (True) or the NIC (False).
+    """
+    if n_prefill < 1 or n_decode < 1:
+        raise ValueError(f"need at least one prefill and one decode instance, got {n_prefill}, {n_decode}")
+    sim = _Sim(requests, clients)
+    reqs = sim.reqs
+    policy = dispatch or RoundRobinDispatch()
+    pre = [PrefillInstance(prefill_lat, max_prefill_tokens, pipe=Pipeline.of(prefill_lat.pp)) for _ in range(n_prefill)]
+    lanes_per = decode_lat.pp
+    lane_cap = decode_lat.kv_capacity_tokens() // lanes_per
+    pipes = [Pipeline.of(lanes_per) for _ in range(n_decode)]
+    lanes = [[DecodeLane(decode_lat, lane_cap, pipes[i]) for _ in range(lanes_per)] for i in range(n_decode)]
+    lane_rr = [0] * n_decode
+    near = same_node if callable(same_node) else (lambda p, d, _v=bool(same_node): _v)
+    rejected = 0
+
+    def views() -> tuple[list[InstanceView], list[InstanceView]]:
+        pv = [InstanceView(i, "prefill", len(p.queue), p.queued_tokens, p.in_flight, 0, 0, 0)
+              for i, p in enumerate(pre)]
+        dv = [InstanceView(i, "decode", sum(len(ln.waiting) for ln in ls), sum(ln.waiting_tokens for ln in ls),
+                           sum(ln.batch for ln in ls), sum(ln.context_tokens() for ln in ls),
+                           sum(ln.kv_used for ln in ls), lane_cap * lanes_per) for i, ls in enumerate(lanes)]
+        return pv, dv
+
+    def kick_prefill(i: int, now: float) -> None:
+        p = pre[i]
+        if not p.queue or p.pipe.free_at[0] > now:
+            return
+        batch, dt = p.take_batch(reqs)
+        p.in_flight += 1
+        sim.push(p.pipe.run(now, dt), _P_DONE, i, batch)
+        if prefill_lat.pp > 1:
+            sim.push(p.pipe.free_at[0], _P_FREE, i, None)
+
+    def kick_lane(ln: DecodeLane, key: tuple[int, int], now: float) -> None:
+        if ln.busy:
+            return
+        ln.admit_waiting(reqs, now)
+        if ln.batch:
+            ln.busy = True
+            sim.push(ln.pipe.run(now, ln.step_time()), _D_STEP, key[0], key[1])
+
+    def to_decode(rid: int, now: float) -> None:
+        r = reqs[rid]
+        if r.output_len <= 1:
+            r.finish = now
+            sim.completed(now)
+            return
+        d = r.decode_idx
+        j = lane_rr[d] % lanes_per
+        lane_rr[d] += 1
+        ln = lanes[d][j]
+        if r.input_len + r.output_len > ln.capacity:
+            r.rejected = True
+            sim.completed(now)
+            return
+        ln.waiting.append(rid)
+        ln.waiting_tokens += r.input_len
+        kick_lane(ln, (d, j), now)
+
+    while sim.events:
+        now, _, kind, a, b = heapq.heappop(sim.events)
+        if kind == _ARRIVE:
+            r = reqs[a]
+            if mode == "decode":
+                r.first_token = now
+                r.decode_idx = lane_rr.index(min(lane_rr)) if n_decode > 1 else 0
+                to_decode(a, now)
+                continue
+            choice = policy.choose(now, r.input_len, r.output_len, *views())
+            if choice is None:
+                r.rejected = True
+                rejected += 1
+                sim.completed(now)
+                continue
+            r.prefill_idx, r.decode_idx = choice
+            p = pre[r.prefill_idx]
+            p.queue.append(a)
+            p.queued_tokens += r.input_len
+            kick_prefill(r.prefill_idx, now)
+        elif kind == _P_DONE:
+            pre[a].in_flight -= 1
+            for rid in b:  # type: ignore[attr-defined]
+                r = reqs[rid]
+                xfer = prefill_lat.kv_transfer_time_s(r.input_len, near(r.prefill_idx, r.decode_idx))
+                if mode == "prefill":
+                    r.first_token = r.finish = now + xfer
+                    sim.completed(now + xfer)
+                else:
+                    sim.push(now + xfer, _XFER_DONE, rid, None)
+            kick_prefill(a, now)
+        elif kind == _P_FREE:
+            kick_prefill(a, now)
+        elif kind == _XFER_DONE:
+            reqs[a].first_token = now
+            to_decode(a, now)
+        elif kind == _D_STEP:
+            j = int(b)  # type: ignore[call-overload]
+            ln = lanes[a][j]
+            ln.busy = False
+            for _rid in ln.finish_step(reqs, now):
+                sim.completed(now)
+            kick_lane(ln, (a, j), now)
+    for ls in lanes:
+        for ln in ls:
+            assert ln.kv_used == 0 and ln.batch == 0, f"decode lane not drained: kv={ln.kv_used} batch={ln.batch}"
+    return SimResult.from_states(reqs, policy_rejected=rejected)
+
+
+def simulate_colocated(lat: LatencyModel, n_instances: int, requests: Sequence[Request], *,
+                       max_prefill_tokens: int = 4096, clients: int | None = None) -> SimResult:
+    """Colocated baseline: `n_instances` engines, round-robin arrivals, prefill-priority scheduling."""
+    if n_instances < 1:
+        raise ValueError(f"need at least one colocated instance, got {n_instances}")
+    sim = _Sim(requests, clients)
+    reqs = sim.reqs
+    insts = [ColocatedInstance(DecodeLane(lat, lat.kv_capacity_tokens(), Pipeline.of(1)), max_prefill_tokens)
+             for _ in range(n_instances)]
+    rr = 0
+
+    def kick(i: int, now: float) -> None:
+        inst = insts[i]
+        if inst.busy:
+            return
+        batch, dt = inst.take_prefill(reqs)
+        if batch:
+            inst.busy = True
+            sim.push(now + dt, _C_DONE, i, batch)
+        elif inst.lane.batch:
+            inst.busy = True
+            sim.push(now + inst.lane.step_time(), _D_STEP, i, None)
+
+    while sim.events:
+        now, _, kind, a, b = heapq.heappop(sim.events)
+        if kind == _ARRIVE:
+            r = reqs[a]
+            i = rr % n_instances
+            rr += 1
+            lane = insts[i].lane
+            if r.input_len + r.output_len > lane.capacity:
+                r.rejected = True
+                sim.completed(now)
+                continue
+            r.prefill_idx = r.decode_idx = i
+            lane.waiting.append(a)
+            lane.waiting_tokens += r.input_len
+            kick(i, now)
+        elif kind == _C_DONE:
+            lane = insts[a].lane
+            insts[a].busy = False
+            for rid in b:  # type: ignore[attr-defined]
+                r = reqs[rid]
+                r.first_token = r.decode_start = now
+                lane.kv_used -= r.input_len + r.output_len
+                if r.output_len <= 1:
+                    r.finish = now
+                    sim.completed(now)
+                else:
+                    lane.admit(rid, r)
+            kick(a, now)
+        elif kind == _D_STEP:
+            insts[a].busy = False
+            for _rid in insts[a].lane.finish_step(reqs, now):
+                sim.completed(now)
+            kick(a, now)
+    return SimResult.from_states(reqs, policy_rejected=0)

@@ -1,0 +1,92 @@
+"""One Ray cluster and one disaggregated SmolLM2 deployment for the whole integration session."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    from cluster.runtime import connect
+
+    connect(None, num_cpus=16, object_store_mib=256, namespace="saaf-test")
+    yield ray
+    from ray import serve
+
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def deployment(ray_session):
+    """A real disaggregated deployment: 1 prefill + 1 decode SmolLM2 engine behind the Serve endpoint."""
+    from cluster import deploy
+    from cluster.config import parse_config
+
+    cfg = parse_config({
+        "name": "itest",
+        "mode": "disaggregated",
+        "engine": {"model": "smollm2", "kv_cache_mib": 128, "max_model_len": 1024},
+        "pools": {"prefill": 1, "decode": 1},
+        "transfer": {"transfer_timeout_s": 20, "kv_lease_s": 10},
+        "serve": {"port": _free_port(), "request_timeout_s": 120, "token_timeout_s": 60},
+        "ray": {"namespace": "saaf-test"},
+        "worker_cpus": 1,
+    })
+    info = deploy.start(cfg, ready_timeout_s=600)
+    yield info
+    deploy.stop(info["config"])
+
+
+@pytest.fixture(scope="session")
+def endpoint(deployment) -> str:
+    return deployment["endpoint"]
+
+
+@pytest.fixture(scope="session")
+def model_name(deployment) -> str:
+    return deployment["model"]
+
+
+@pytest.fixture(scope="session")
+def colocated_worker(ray_session, deployment):
+    """A colocated engine with the same model and settings, for output comparisons."""
+    import ray
+
+    from engine.colocated import ColocatedWorker
+
+    cfg = deployment["config"].engine
+    h = ray.remote(ColocatedWorker).options(num_cpus=1).remote("colo-ref", cfg.model_dump(), None)
+    ray.get(h.info.remote(), timeout=300)
+    yield h
+    ray.kill(h, no_restart=True)
+
+
+@pytest.fixture(scope="session")
+def workers(ray_session, deployment):
+    """{worker_id: (role, handle)} of the deployment's pools."""
+    import ray
+
+    from cluster.deploy import controller_name
+
+    cfg = deployment["config"]
+    ctl = ray.get_actor(controller_name(cfg), namespace=cfg.ray.namespace)
+    _, members = ray.get(ctl.members.remote(), timeout=30)
+    return {wid: (role, h) for wid, role, h, _ in members}

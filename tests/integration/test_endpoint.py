@@ -1,0 +1,124 @@
+"""Issue 2: the OpenAI-compatible endpoint, end to end, with the real openai client and real engines."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.helpers.offline import offline_greedy
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def client(endpoint):
+    return openai.OpenAI(base_url=f"{endpoint}/v1", api_key="unused", timeout=120, max_retries=0)
+
+
+def test_chat_answers_paris(client, model_name):
+    r = client.chat.completions.create(model=model_name, temperature=0, max_tokens=32,
+                                       messages=[{"role": "user", "content": "What is the capital of France?"}])
+    assert "Paris" in r.choices[0].message.content
+    assert r.usage.completion_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_streamed_answers_paris(client, model_name):
+    stream = client.chat.completions.create(
+        model=model_name, temperature=0, max_tokens=32, stream=True, stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "What is the capital of France?"}])
+    pieces, usage, finish = [], None, None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            pieces.append(c.delta.content or "")
+            finish = c.finish_reason or finish
+    text = "".join(pieces)
+    assert "Paris" in text
+    assert finish in ("stop", "length")
+    assert usage is not None and usage.completion_tokens > 1
+
+
+def test_completion_usage_counts_prompt_tokens(client, model_name, endpoint):
+    from transformers import AutoTokenizer
+
+    from engine.models import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(str(resolve_model("smollm2")))
+    prompt = "The three primary colours are"
+    r = client.completions.create(model=model_name, prompt=prompt, max_tokens=8, temperature=0)
+    assert r.usage.prompt_tokens == len(tok(prompt, add_special_tokens=False)["input_ids"])
+    assert r.usage.completion_tokens == 8 or r.choices[0].finish_reason == "stop"
+
+
+def test_models_and_health(endpoint, model_name):
+    assert httpx.get(f"{endpoint}/health", timeout=10).status_code == 200
+    data = httpx.get(f"{endpoint}/v1/models", timeout=10).json()["data"]
+    assert [m["id"] for m in data] == [model_name]
+
+
+def test_greedy_equals_offline_vllm(endpoint, model_name):
+    """Token for token, the endpoint (disaggregated) equals vLLM's offline LLM.generate."""
+    from transformers import AutoTokenizer
+
+    from engine.models import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(str(resolve_model("smollm2")))
+    texts = ["Once upon a time", "def fibonacci(n):", "The weather in Paris today is"]
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    got = []
+    for p in prompts:
+        r = httpx.post(f"{endpoint}/v1/completions", timeout=120, json={
+            "model": model_name, "prompt": p, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True})
+        assert r.status_code == 200, r.text
+        got.append(r.json()["choices"][0]["token_ids"])
+    want = offline_greedy("smollm2", prompts, 24)
+    assert got == want
+
+
+def test_sampling_params_stop_and_seed(endpoint, model_name):
+    def gen(**kw):
+        body = {"model": model_name, "prompt": "List: one, two, three, four, five,", "max_tokens": 16, **kw}
+        r = httpx.post(f"{endpoint}/v1/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]
+
+    a = gen(temperature=1.0, top_p=0.9, seed=1234)
+    b = gen(temperature=1.0, top_p=0.9, seed=1234)
+    assert a["text"] == b["text"]
+    full = gen(temperature=0)
+    assert "," in full["text"]
+    cut = gen(temperature=0, stop=[","])
+    assert "," not in cut["text"] and cut["finish_reason"] == "stop"
+    assert full["text"].startswith(cut["text"])
+
+
+BAD = [
+    ("malformed json", b'{"model": "x", "prompt": ', "malformed JSON", 400),
+    ("missing prompt", {"max_tokens": 4}, "missing required field 'prompt'", 400),
+    ("wrong type", {"prompt": "hi", "max_tokens": "four"}, "max_tokens", 400),
+    ("max_tokens zero", {"prompt": "hi", "max_tokens": 0}, "max_tokens must be >= 1", 400),
+    ("max_tokens negative", {"prompt": "hi", "max_tokens": -5}, "max_tokens must be >= 1", 400),
+    ("unknown field", {"prompt": "hi", "max_tokens": 4, "bogus": 1}, "unknown field 'bogus'", 400),
+    ("too long", {"prompt": "word " * 3000, "max_tokens": 4}, "context", 400),
+    ("too long with output", {"prompt": "hi", "max_tokens": 5000}, "lower max_tokens", 400),
+    ("bad temperature", {"prompt": "hi", "temperature": -1}, "temperature", 400),
+    ("unknown model", {"model": "gpt-17", "prompt": "hi"}, "gpt-17", 404),
+]
+
+
+@pytest.mark.parametrize("name,body,needle,status", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_is_a_clear_4xx_and_server_keeps_serving(endpoint, model_name, name, body, needle, status):
+    url = f"{endpoint}/v1/completions"
+    if isinstance(body, bytes):
+        r = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=30)
+    else:
+        r = httpx.post(url, json={"model": model_name, **body}, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert needle in err["message"] and err["type"]
+    ok = httpx.post(url, json={"model": model_name, "prompt": "Hello", "max_tokens": 2}, timeout=120)
+    assert ok.status_code == 200, ok.text

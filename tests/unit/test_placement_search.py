@@ -1,0 +1,109 @@
+"""Search and planning: binary search, the DistServe OPT-13B case, bad inputs, infeasible SLOs."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from placement import PlacementError, load_planner_config, make_plan, parse_planner_config
+from placement.errors import DoesNotFitError
+from placement.search import max_goodput
+
+ROOT = Path(__file__).parents[2]
+
+SMALL = {
+    "model": {"name": "llama-3.1-8b"},
+    "hardware": {"name": "h100-sxm"},
+    "cluster": {"nodes": 2, "gpus_per_node": 8},
+    "workload": {"rate_rps": 20.0, "input": {"kind": "lognormal", "mean": 1000, "sd": 600, "max": 8000},
+                 "output": {"kind": "lognormal", "mean": 200, "sd": 150, "max": 2000}},
+    "slo": {"ttft_s": 0.4, "tpot_s": 0.05},
+    "search": {"tp_options": [1, 2], "max_pp": 1, "requests": 200},
+}
+
+
+def cfg(**patch: object) -> dict:
+    d = copy.deepcopy(SMALL)
+    for path, value in patch.items():
+        node = d
+        keys = path.split("__")
+        for k in keys[:-1]:
+            node = node[k]
+        node[keys[-1]] = value
+    return d
+
+
+def test_max_goodput_finds_threshold() -> None:
+    calls = []
+
+    def attain(rate: float) -> float:
+        calls.append(rate)
+        return 1.0 if rate <= 7.3 else 0.5
+
+    g = max_goodput(attain, 0.9, hi_guess=4.0, gpus=2, iterations=12)
+    assert 7.2 < g.rate_rps <= 7.3 and g.per_gpu == pytest.approx(g.rate_rps / 2)
+    assert len(calls) < 20
+    none = max_goodput(lambda r: 0.3, 0.9, hi_guess=4.0, gpus=1)
+    assert none.rate_rps == 0.0 and none.best_attainment == 0.3
+
+
+def test_distserve_opt13b_picks_prefill_tp2_decode_tp1() -> None:
+    plan = make_plan(load_planner_config(ROOT / "manifests/plan-distserve-opt13b.yaml"))
+    assert (plan.prefill.tp, plan.prefill.pp) == (2, 1)
+    assert (plan.decode.tp, plan.decode.pp) == (1, 1)
+    assert plan.feasible and plan.attainment >= 0.9
+    assert plan.goodput_rps >= 8.0
+    j = plan.to_json_dict()
+    for key in ("prefill", "decode", "gpus", "goodput_rps", "goodput_per_gpu", "ttft_s", "tpot_s", "attainment",
+                "cost_per_m_input_usd", "cost_per_m_output_usd", "colocated"):
+        assert key in j, key
+    assert set(j["colocated"]) >= {"gpus", "goodput_rps", "goodput_per_gpu"}
+    assert j["ttft_s"] <= 0.25 and j["tpot_s"] <= 0.1
+
+
+def test_plan_scales_with_rate_and_fills_cluster() -> None:
+    lo = make_plan(parse_planner_config(cfg(workload__rate_rps=5.0)))
+    hi = make_plan(parse_planner_config(cfg(workload__rate_rps=60.0)))
+    assert hi.gpus > lo.gpus and hi.goodput_rps >= 60.0 and lo.goodput_rps >= 5.0
+    full = make_plan(parse_planner_config(cfg(workload__rate_rps=None)))
+    assert full.rate_rps is None and full.gpus <= 16 and full.goodput_rps > hi.goodput_rps * 0.5
+
+
+@pytest.mark.parametrize(("patch", "match"), [
+    ({"workload__rate_rps": -3.0}, "workload.rate_rps"),
+    ({"slo__ttft_s": 0}, "slo.ttft_s"),
+    ({"slo__tpot_s": 0.0}, "slo.tpot_s"),
+    ({"workload__bogus": 1}, "workload.bogus"),
+    ({"hardware__name": "h900"}, "supported: a100-80gb"),
+])
+def test_bad_input_names_the_constraint(patch: dict, match: str) -> None:
+    with pytest.raises(PlacementError, match=match):
+        make_plan(parse_planner_config(cfg(**patch)))
+
+
+def test_model_that_does_not_fit() -> None:
+    d = cfg(model__name="opt-175b", hardware__name="a100-80gb", search__tp_options=[1, 2], search__max_pp=1)
+    with pytest.raises(DoesNotFitError, match=r"opt-175b .* does not fit .*tp in \[1, 2\]"):
+        make_plan(parse_planner_config(d))
+
+
+def test_more_gpus_than_cluster() -> None:
+    with pytest.raises(PlacementError, match=r"needs \d+ GPUs .* cluster has 16 GPUs \(2 nodes x 8\)"):
+        make_plan(parse_planner_config(cfg(workload__rate_rps=5000.0)))
+
+
+def test_unmeetable_slo_reports_best_attainable() -> None:
+    plan = make_plan(parse_planner_config(cfg(slo__ttft_s=0.001)))
+    assert not plan.feasible
+    assert plan.notes and "no configuration meets" in plan.notes[0]
+    assert plan.attainment < 0.9 and plan.ttft_s > 0.001
+
+
+def test_yaml_examples_load() -> None:
+    for p in sorted((ROOT / "manifests").glob("plan-*.yaml")):
+        c = load_planner_config(p)
+        assert c.slo.attainment > 0
+        assert yaml.safe_load(p.read_text())["model"]["name"] == c.model.name

@@ -1,0 +1,124 @@
+"""Simulator invariants: every request accounted for, KV limits respected, monotone attainment,
+closed loop, dispatch hook and explicit traces."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from placement import (
+    Coefficients,
+    InstanceView,
+    LatencyModel,
+    LengthDist,
+    Request,
+    RoundRobinDispatch,
+    WorkloadSpec,
+    gamma_trace,
+    simulate_colocated,
+    simulate_disaggregated,
+)
+from placement.workload import Workload
+
+COEF = Coefficients(prefill_a=0.0948, prefill_b=4.03e-6, prefill_c=18.89, decode_a=6.11e-4, decode_b=0.0682,
+                    decode_c=19.88)
+CHAT = WorkloadSpec(input=LengthDist(kind="lognormal", mean=700, sd=400, max=1800),
+                    output=LengthDist(kind="lognormal", mean=120, sd=100, max=600))
+
+
+def lat(capacity: int = 60_000) -> LatencyModel:
+    return LatencyModel.from_coefficients(COEF, kv_bytes_per_token=819_200, kv_capacity_tokens=capacity)
+
+
+def test_every_request_accounted_for() -> None:
+    reqs = Workload.from_spec(CHAT, 400, seed=1).at_rate(12.0)
+    for res in (simulate_disaggregated(lat(), lat(), 2, 2, reqs), simulate_colocated(lat(), 3, reqs)):
+        assert res.total == 400 and res.completed + res.rejected == 400 and res.rejected == 0
+        for r in res.records:
+            assert r.ttft_s > 0 and r.finish_s >= r.arrival_s + r.ttft_s - 1e-9
+            assert r.tpot_s >= 0
+
+
+class Capture:
+    """Rejects every third request and records what it saw."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.max_kv_frac = 0.0
+
+    def choose(self, now_s: float, prompt_len: int, output_len: int, prefill: Sequence[InstanceView],
+               decode: Sequence[InstanceView]) -> tuple[int, int] | None:
+        self.n += 1
+        for v in decode:
+            assert v.role == "decode" and v.kv_used_tokens <= v.kv_capacity_tokens
+            self.max_kv_frac = max(self.max_kv_frac, v.kv_used_tokens / v.kv_capacity_tokens)
+        assert all(v.role == "prefill" for v in prefill)
+        return None if self.n % 3 == 0 else (self.n % len(prefill), self.n % len(decode))
+
+
+def test_dispatch_rejections_counted_and_kv_limit_respected() -> None:
+    reqs = Workload.from_spec(CHAT, 300, seed=2).at_rate(40.0)
+    pol = Capture()
+    res = simulate_disaggregated(lat(), lat(capacity=8_000), 1, 2, reqs, dispatch=pol)
+    assert pol.n == 300
+    assert res.policy_rejected == 100 and res.rejected == 100 and res.completed == 200
+    assert 0.5 < pol.max_kv_frac <= 1.0  # the small KV cache fills up at 40 req/s
+    assert res.attainment(1e9, 1e9) == pytest.approx(200 / 300)
+
+
+def test_request_too_long_for_kv_is_rejected_not_lost() -> None:
+    reqs = [Request(0.0, 100, 10), Request(0.1, 5000, 10), Request(0.2, 100, 10)]
+    res = simulate_disaggregated(lat(), lat(capacity=1000), 1, 1, reqs)
+    assert [r.rejected for r in res.records] == [False, True, False]
+
+
+def test_attainment_monotone_in_rate() -> None:
+    wl = Workload.from_spec(CHAT, 400, seed=3)
+    for mode, sim in (("disagg", lambda r: simulate_disaggregated(lat(), lat(), 1, 1, wl.at_rate(r))),
+                      ("coloc", lambda r: simulate_colocated(lat(), 1, wl.at_rate(r)))):
+        atts = [sim(rate).attainment(0.25, 0.1) for rate in (1, 2, 4, 6, 8, 12, 16)]
+        assert all(a >= b - 1e-9 for a, b in zip(atts, atts[1:], strict=False)), (mode, atts)
+        assert atts[0] > 0.85 and atts[-1] < 0.5, (mode, atts)
+
+
+def test_disaggregation_removes_prefill_interference_from_tpot() -> None:
+    reqs = Workload.from_spec(CHAT, 400, seed=4).at_rate(6.0)
+    dis = simulate_disaggregated(lat(), lat(), 1, 1, reqs)
+    col = simulate_colocated(lat(), 2, reqs)
+    assert dis.tpot().p90 < col.tpot().p90
+
+
+def test_closed_loop_keeps_concurrency() -> None:
+    reqs = [Request(0.0, 512, 64)] * 100
+    res = simulate_disaggregated(lat(), lat(), 1, 1, reqs, clients=4)
+    assert res.completed == 100
+    events = sorted([(r.arrival_s, 1) for r in res.records] + [(r.finish_s, -1) for r in res.records],
+                    key=lambda e: (e[0], e[1]))
+    live = peak = 0
+    for _, step in events:
+        live += step
+        peak = max(peak, live)
+    assert peak == 4
+
+
+def test_same_trace_two_policies_and_gamma_trace() -> None:
+    d = LengthDist(kind="fixed", value=256)
+    a = gamma_trace(500, 20.0, 2.0, d, LengthDist(kind="uniform", low=8, high=64), seed=7)
+    b = gamma_trace(500, 20.0, 2.0, d, LengthDist(kind="uniform", low=8, high=64), seed=7)
+    assert a == b
+    gaps = [y.arrival_s - x.arrival_s for x, y in zip(a, a[1:], strict=False)]
+    mean = sum(gaps) / len(gaps)
+    cv = (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
+    assert mean == pytest.approx(1 / 20.0, rel=0.15) and cv == pytest.approx(2.0, rel=0.25)
+    rr = simulate_disaggregated(lat(), lat(), 2, 2, a, dispatch=RoundRobinDispatch())
+    one = simulate_disaggregated(lat(), lat(), 2, 2, a, dispatch=_AllToZero())
+    assert rr.total == one.total == 500
+    assert {r.prefill for r in one.records} == {0} and {r.prefill for r in rr.records} == {0, 1}
+    assert one.ttft().p90 > rr.ttft().p90
+
+
+class _AllToZero:
+    def choose(self, now_s: float, prompt_len: int, output_len: int, prefill: Sequence[InstanceView],
+               decode: Sequence[InstanceView]) -> tuple[int, int] | None:
+        return 0, 0
