@@ -1,4 +1,8 @@
-"""python -m cluster.deploy [CONFIG] [--address ADDR] [--plan-only] | status | scale | shutdown"""
+"""python -m cluster.deploy [CONFIG] [--address ADDR] [--plan-only] [--detach]
+python -m cluster.deploy status|scale|shutdown [--name NAME] [--address ADDR] ...
+
+Deploy: connects to the running Ray cluster (--address, $RAY_ADDRESS) or, with neither, starts an
+embedded local one (loopback, CPU) and serves until Ctrl-C / SIGTERM."""
 
 from __future__ import annotations
 
@@ -11,63 +15,85 @@ import threading
 from cluster.config import ConfigError, load_config
 
 DEMO_QUESTION = "What is the capital of France?"
+SUBCOMMANDS = ("status", "scale", "shutdown")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m cluster.deploy", description=__doc__)
+def _deploy_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m cluster.deploy", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", nargs="?", help="deploy YAML (default: embedded CPU demo)")
     p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else embedded local Ray)")
     p.add_argument("--plan-only", action="store_true", help="print the planned pools; touch no cluster")
-    p.add_argument("--detach", action="store_true", help="exit after deploying (default when --address)")
+    p.add_argument("--detach", action="store_true", help="exit after deploying (always so with --address)")
     p.add_argument("--no-demo", action="store_true", help="skip the demo question after start")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
 
+def _sub_parser(cmd: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m cluster.deploy {cmd}")
+    p.add_argument("--name", default="saaf", help="deployment name (deploy config 'name')")
+    p.add_argument("--namespace", default="saaf-infer", help="Ray namespace (deploy config ray.namespace)")
+    p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else 'auto')")
+    if cmd == "scale":
+        p.add_argument("--prefill", type=int, help="target prefill workers")
+        p.add_argument("--decode", type=int, help="target decode workers")
+        p.add_argument("--colocated", type=int, help="target colocated workers")
+        p.add_argument("--drain-timeout", type=float, default=120, help="seconds to drain a removed worker")
+    p.add_argument("--json", action="store_true", help="machine-readable output (status)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        from cluster.manage import run_subcommand
+
+        cmd = argv[0]
+        return run_subcommand(cmd, _sub_parser(cmd).parse_args(argv[1:]))
+    args = _deploy_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load_config(args.config)
+        cfg = load_config(args.config, check_paths=not args.plan_only)
+        if args.plan_only:
+            return _plan_only(cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.plan_only:
-        return _plan_only(cfg)
     return _deploy(cfg, args)
 
 
 def _plan_only(cfg) -> int:
     if cfg.pools != "auto":
-        print(f"pools (from config): {cfg.pools.model_dump()} mode={cfg.mode}")
+        sizes = {k: v for k, v in cfg.pools.model_dump().items() if v is not None}
+        print(f"mode={cfg.mode}; pools from the config (no planner run): {sizes}")
         return 0
     from cluster.planning import plan_for
 
     plan, text = plan_for(cfg)
     print(text)
-    return 0
+    return 0 if plan.feasible else 1
 
 
 def _deploy(cfg, args) -> int:
-    import ray
 
     from cluster import deploy
     from cluster.runtime import connect
 
     address = args.address or cfg.ray.address
-    embedded = connect(address, num_cpus=cfg.ray.num_cpus, object_store_mib=cfg.ray.object_store_mib,
-                       namespace=cfg.ray.namespace)
     stop_event = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop_event.set())
+    embedded = connect(address, num_cpus=cfg.ray.num_cpus, object_store_mib=cfg.ray.object_store_mib,
+                       namespace=cfg.ray.namespace)
     try:
         if cfg.pools == "auto":
             from cluster.planning import apply_plan
 
             cfg = apply_plan(cfg)
-        print(f"starting {cfg.mode} deployment '{cfg.name}' of {cfg.engine.model} on "
-              f"{'an embedded local Ray' if embedded else address} ...", flush=True)
+        where = "an embedded local Ray" if embedded else f"the Ray cluster at {address or 'RAY_ADDRESS'}"
+        print(f"starting {cfg.mode} deployment '{cfg.name}' of {cfg.engine.model} on {where} ...", flush=True)
         info = deploy.start(cfg)
         print(deploy.pool_table(info["workers"]))
         print(f"ready in {info['startup_s']:.1f}s")
@@ -84,12 +110,26 @@ def _deploy(cfg, args) -> int:
         return 0
     except (ConfigError, TimeoutError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
+        if not embedded:
+            deploy.stop(cfg)
         return 1
     finally:
         if embedded:
-            from ray import serve
+            shutdown_embedded()
 
-            try:
-                serve.shutdown()
-            finally:
-                ray.shutdown()
+
+def shutdown_embedded() -> None:
+    """Stop Serve, then the embedded Ray, then any process of ours that outlived it."""
+    import os
+
+    import ray
+    from ray import serve
+
+    from cluster.procs import descendants, reap
+
+    ours = descendants(os.getpid())
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+        reap(ours, grace_s=10)

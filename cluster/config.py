@@ -21,6 +21,10 @@ class PoolSizes(BaseModel):
     prefill: int = Field(1, ge=1, le=512, description="Prefill workers (disaggregated mode)")
     decode: int = Field(1, ge=1, le=512, description="Decode workers (disaggregated mode)")
     colocated: int = Field(1, ge=1, le=512, description="Workers doing both phases (colocated mode)")
+    prefill_tp: int | None = Field(None, ge=1, description="Tensor parallel size of prefill engines")
+    prefill_pp: int | None = Field(None, ge=1, description="Pipeline stages of prefill engines")
+    decode_tp: int | None = Field(None, ge=1, description="Tensor parallel size of decode engines")
+    decode_pp: int | None = Field(None, ge=1, description="Pipeline stages of decode engines")
 
 
 class SLOConfig(BaseModel):
@@ -31,11 +35,35 @@ class SLOConfig(BaseModel):
 
 class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    policy: Literal["goodput", "least_loaded", "round_robin"] = Field("least_loaded")
-    admission: Literal["queue", "reject", "best_effort"] = Field("queue")
+    policy: Literal["goodput", "least_loaded", "round_robin"] = Field(
+        "least_loaded", description="Routing policy (docs/router.md); goodput predicts TTFT/TPOT per pair")
+    admission: Literal["queue", "reject", "best_effort"] = Field(
+        "queue", description="When no pair can meet the SLO: wait (bounded), 429, or serve anyway")
     max_queue: int = Field(256, ge=0, description="Requests waiting for admission before 429s")
     queue_timeout_s: float = Field(30, gt=0, description="Max seconds a request waits for admission")
     stats_interval_s: float = Field(0.1, gt=0, le=5, description="Worker stats refresh period")
+    latency_profile: str | None = Field(
+        None, description="goodput: measured profile YAML (python -m placement profile); relative paths "
+                          "resolve against the working dir, then the repo; None = manifests/profiles/cpu-smollm2.yaml")
+    latency_model: str | None = Field(
+        None, description="goodput: catalog model (e.g. llama-3.1-8b) for a roofline latency model instead "
+                          "of a profile; needs latency_hardware")
+    latency_hardware: str | None = Field(None, description="goodput: catalog accelerator (e.g. h100-sxm)")
+    latency_tp: int = Field(1, ge=1, le=64, description="goodput: tensor parallelism of one engine (catalog)")
+    prediction_sigma: float = Field(
+        0.25, gt=0, le=5, description="goodput: log-normal sd of the prediction error; larger = more cautious")
+    admit_probability: float = Field(
+        0.5, ge=0, le=1, description="goodput: admit only pairs at least this likely to meet both targets")
+    ewma_alpha: float = Field(
+        0.1, gt=0, le=1, description="goodput: weight of each observed/predicted sample in the corrections")
+
+    @model_validator(mode="after")
+    def _latency_source(self) -> RouterConfig:
+        if (self.latency_model is None) != (self.latency_hardware is None):
+            raise ValueError("router: give both latency_model and latency_hardware (catalog), or neither")
+        if self.latency_model is not None and self.latency_profile is not None:
+            raise ValueError("router: give latency_profile or latency_model/latency_hardware, not both")
+        return self
 
 
 class ServeConfig(BaseModel):
@@ -68,8 +96,8 @@ class DeployConfig(BaseModel):
     slo: SLOConfig = Field(default_factory=SLOConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
-    planner: dict[str, Any] | None = Field(
-        None, description="Planner inputs (see docs/placement.md), used when pools is 'auto'"
+    planner: dict[str, Any] | str | None = Field(
+        None, description="Planner inputs inline, or a planner YAML path (docs/placement.md); for pools: auto"
     )
     worker_cpus: float = Field(1.0, ge=0, description="Logical CPUs reserved per engine worker")
 
@@ -98,8 +126,9 @@ def parse_config(data: dict[str, Any] | None, source: str = "config") -> DeployC
         raise ConfigError(f"{source} is invalid:\n{_fmt(e)}") from None
 
 
-def load_config(path: str | Path | None) -> DeployConfig:
-    """Load and validate a deploy YAML (None = the embedded default). Checks a model path exists."""
+def load_config(path: str | Path | None, *, check_paths: bool = True) -> DeployConfig:
+    """Load and validate a deploy YAML (None = the embedded default). Checks a model path exists
+    (unless ``check_paths`` is False: capacity planning needs no weights on this machine)."""
     if path is None:
         return DeployConfig()
     p = Path(path)
@@ -112,8 +141,27 @@ def load_config(path: str | Path | None) -> DeployConfig:
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(data).__name__}")
     cfg = parse_config(data, str(path))
-    check_model(cfg)
+    if check_paths:
+        check_model(cfg)
+    if cfg.planner is not None:
+        cfg = cfg.model_copy(update={"planner": _planner_dict(cfg.planner, p.parent)})
     return cfg
+
+
+def _planner_dict(planner: dict[str, Any] | str, base: Path) -> dict[str, Any]:
+    """Validate the planner section now (errors before anything starts); make its paths absolute."""
+    from placement import PlacementError
+    from placement.config import load_planner_config, parse_planner_config, resolve_paths
+
+    try:
+        if isinstance(planner, str):
+            path = Path(planner) if Path(planner).is_absolute() else base / planner
+            pc = load_planner_config(path)
+        else:
+            pc = resolve_paths(parse_planner_config(planner, "planner"), base)
+    except PlacementError as e:
+        raise ConfigError(f"planner: {e}") from None
+    return pc.model_dump(mode="json", exclude_none=True)
 
 
 def check_model(cfg: DeployConfig) -> None:

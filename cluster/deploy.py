@@ -39,15 +39,32 @@ def check_resources(cfg: DeployConfig, sizes: dict[str, int], nodes: list[dict[s
     """Fail before starting anything when the cluster cannot hold the pools."""
     if cfg.engine.device != "cuda":
         return
-    per = cfg.engine.gpus_per_engine
-    need = sum(sizes.values()) * per
+    pools = cfg.pools if cfg.pools != "auto" else None
+    per_role = {}
+    for role in sizes:
+        tp = (getattr(pools, f"{role}_tp", None) if pools else None) or cfg.engine.tensor_parallel_size
+        pp = (getattr(pools, f"{role}_pp", None) if pools else None) or cfg.engine.pipeline_parallel_size
+        per_role[role] = tp * pp
+    need = sum(n * per_role[r] for r, n in sizes.items())
     have = sum(n["gpus"] for n in nodes)
-    fit = sum(n["gpus"] // per for n in nodes)
-    if need > have or sum(sizes.values()) > fit:
-        shape = ", ".join(f"{n['gpus']} GPUs" for n in nodes) or "no GPU nodes"
+    # First-fit of engines (largest first) onto nodes: each engine's GPUs on one node.
+    free = sorted((n["gpus"] for n in nodes), reverse=True)
+    fits = True
+    for g in sorted((per_role[r] for r, n in sizes.items() for _ in range(n)), reverse=True):
+        i = next((k for k, f in enumerate(free) if f >= g), None)
+        if i is None:
+            fits = False
+            break
+        free[i] -= g
+    if need > have or not fits:
+        biggest = max(per_role.values())
+        nodes_needed = -(-need // max(biggest, max((n["gpus"] for n in nodes), default=biggest)))
+        shape = ", ".join(f"{n['gpus']}" for n in nodes) or "none"
         raise ConfigError(
-            f"plan needs {need} GPUs ({sum(sizes.values())} engines x {per} GPUs each, each engine on one "
-            f"node); cluster has {len(nodes)} node(s) with {shape}. Lower the pool sizes or add nodes."
+            f"plan needs {need} GPUs in {nodes_needed} node(s) (engines of "
+            f"{', '.join(f'{r} {g} GPU(s)' for r, g in per_role.items())}, each engine on one node); "
+            f"cluster has {len(nodes)} node(s) with GPUs per node: {shape}. "
+            "Lower the pool sizes or add nodes."
         )
 
 
@@ -74,7 +91,12 @@ def ask(endpoint: str, model: str, question: str, max_tokens: int = 48, timeout_
 
 
 def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
-    """Start pools and the Serve app on the connected Ray cluster. Returns a description."""
+    """Start pools and the Serve app on the connected Ray cluster. Returns a description.
+
+    The engines, the KV fabric check and the Serve app start concurrently; the endpoint reports healthy
+    only when both pools are up, and a failed fabric check tears everything down before serving."""
+    import concurrent.futures as cf
+
     import ray
     from ray import serve
 
@@ -89,23 +111,40 @@ def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
     check_resources(cfg, sizes, nodes)
     t0 = time.monotonic()
     resolve_model(cfg.engine.model)  # NOTE: prepare once here, not racing in every worker
-    if cfg.mode == "disaggregated" and cfg.transfer.fabric_check:
-        fabric_check(cfg)
     name = controller_name(cfg)
     controller = ray.remote(PoolController).options(
         name=name, namespace=cfg.ray.namespace, lifetime="detached", num_cpus=0, max_restarts=0,
     ).remote(cfg.model_dump())
-    try:
-        infos = ray.get(controller.start.remote(sizes), timeout=cfg.engine.startup_timeout_s + 30)
-    except Exception:
-        _kill_controller(controller)
-        raise
-    serve.start(http_options={"host": cfg.serve.host, "port": cfg.serve.port})
-    serve.run(Ingress.bind(cfg.model_dump(), name), name=cfg.name, route_prefix="/", blocking=False)
+    started = controller.start.remote(sizes)
     endpoint = f"http://{cfg.serve.host}:{cfg.serve.port}"
-    wait_until_healthy(endpoint, ready_timeout_s)
+    timings: dict[str, float] = {}
+    try:
+        with cf.ThreadPoolExecutor(1) as pool:
+            fabric = None
+            if cfg.mode == "disaggregated" and cfg.transfer.fabric_check:
+                fabric = pool.submit(_timed, timings, "fabric_check_s", fabric_check, cfg)
+            serve.start(http_options={"host": cfg.serve.host, "port": cfg.serve.port})
+            serve.run(Ingress.bind(cfg.model_dump(), name), name=cfg.name, route_prefix="/", blocking=False)
+            timings["serve_s"] = time.monotonic() - t0
+            if fabric is not None:
+                fabric.result(timeout=cfg.engine.startup_timeout_s)
+        infos = ray.get(started, timeout=cfg.engine.startup_timeout_s + 30)
+        timings["pools_s"] = time.monotonic() - t0
+        wait_until_healthy(endpoint, ready_timeout_s)
+    except BaseException:
+        stop(cfg)
+        raise
+    logger.info("startup phases (s since start): %s", {k: round(v, 1) for k, v in timings.items()})
     return {"endpoint": endpoint, "model": cfg.engine.served_model_name or served_name(cfg.engine.model),
-            "workers": infos, "startup_s": time.monotonic() - t0, "config": cfg}
+            "workers": infos, "startup_s": time.monotonic() - t0, "config": cfg, "timings": timings}
+
+
+def _timed(timings: dict[str, float], key: str, fn: Any, *args: Any) -> Any:
+    t = time.monotonic()
+    try:
+        return fn(*args)
+    finally:
+        timings[key] = time.monotonic() - t
 
 
 def wait_until_healthy(endpoint: str, timeout_s: float) -> None:
@@ -128,11 +167,25 @@ def fabric_check(cfg: DeployConfig) -> list[Any]:
     except ImportError:
         logger.warning("kvtransfer.fabric not available; skipping the fabric check")
         return []
+    from kvtransfer.config import transfer_env
+
     memory = "VRAM" if cfg.engine.device == "cuda" else "DRAM"
+    node_ip = ray_node_ip()
+    env = {k: v for k, v in transfer_env(cfg.transfer, 0, cfg.engine.device, node_ip).items()
+           if k.startswith("UCX_")}
     results = run_fabric_check(fabric_pairs_from_cluster(), nbytes=cfg.transfer.fabric_check_mib << 20,
-                               memory=memory)
+                               memory=memory, backends=tuple(cfg.transfer.backends), env=env)
+    for r in results:
+        logger.info("fabric %s -> %s: %s %.2f GB/s", r.prefill_node[:8], r.decode_node[:8],
+                    "ok" if r.ok else f"FAILED ({r.error})", r.gbps or 0.0)
     require_fabric(results)
     return results
+
+
+def ray_node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
 
 
 def _kill_controller(controller: Any) -> None:

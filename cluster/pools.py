@@ -40,10 +40,19 @@ class PoolController:
         self.counter = {"prefill": 0, "decode": 0, "colocated": 0}
         self.version = 0
 
+    def engine_for(self, role: str):
+        """The engine config of one pool: the shared one with the pool's TP/PP from the plan, if any."""
+        pools, ecfg = self.cfg.pools, self.cfg.engine
+        if pools == "auto" or role == "colocated":
+            return ecfg
+        tp = getattr(pools, f"{role}_tp") or ecfg.tensor_parallel_size
+        pp = getattr(pools, f"{role}_pp") or ecfg.pipeline_parallel_size
+        return ecfg.model_copy(update={"tensor_parallel_size": tp, "pipeline_parallel_size": pp})
+
     def _spawn(self, role: str) -> str:
         wid = f"{role}-{self.counter[role]}"
         self.counter[role] += 1
-        ecfg = self.cfg.engine
+        ecfg = self.engine_for(role)
         opts: dict[str, Any] = {
             "num_cpus": self.cfg.worker_cpus,
             "max_restarts": 2,
@@ -83,6 +92,9 @@ class PoolController:
         ids = [self._spawn(role) for role, n in sizes.items() for _ in range(n)]
         await self._await_ready(ids)
         return [self.workers[w]["info"] for w in ids]
+
+    def config(self) -> dict[str, Any]:
+        return self.cfg.model_dump(mode="json")
 
     def members(self) -> tuple[int, list[tuple[str, str, Any, dict | None]]]:
         """(version, [(worker id, role, handle, info)]) of workers ready to take requests."""

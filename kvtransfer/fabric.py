@@ -31,8 +31,6 @@ DEFAULT_TIMEOUT_S = 60.0
 TIMED_READS = 3
 # Test hooks for the failure paths; never set in production.
 FAULTS = ("corrupt", "bad_metadata", "stall")
-# Environment forwarded from the driver to the check's actors (e.g. UCX_TLS=tcp to test the fallback).
-FORWARDED_ENV_PREFIXES = ("UCX_", "SAAF_NIXL_")
 
 
 class PairResult(NamedTuple):
@@ -74,9 +72,8 @@ def require_fabric(results: Sequence[PairResult]) -> None:
 class _FabricPeer:
     """One side of a pair. Prefill: owns the patterned source. Decode: READs and verifies it."""
 
-    def __init__(self, name: str, nbytes: int, memory: str) -> None:
-        self.region = NixlRegion(name, nbytes, memory)
-        self.node_id = ray.get_runtime_context().get_node_id()
+    def __init__(self, name: str, nbytes: int, memory: str, backends: list[str]) -> None:
+        self.region = NixlRegion(name, nbytes, memory, backends)
 
     def serve(self, seed: int, fault: str | None) -> tuple[RegionInfo, str]:
         """Fill the pattern; returns (region info, checksum of what the decode side must receive)."""
@@ -122,24 +119,24 @@ class _FabricPeer:
                 timed.append(seconds)
         return timed
 
-    def close(self) -> None:
-        self.region.close()
-
-
-def forwarded_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    environ = os.environ if environ is None else environ
-    return {k: v for k, v in environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
-
 
 def _check_pair(
-    prefill: str, decode: str, nbytes: int, timeout_s: float, memory: str, seed: int, fault: str | None
+    prefill: str,
+    decode: str,
+    nbytes: int,
+    timeout_s: float,
+    memory: str,
+    backends: list[str],
+    env: Mapping[str, str],
+    seed: int,
+    fault: str | None,
 ) -> PairResult:
     deadline = time.monotonic() + timeout_s
 
     def left() -> float:
         return max(0.1, deadline - time.monotonic())
 
-    opts: dict[str, Any] = {"runtime_env": {"env_vars": forwarded_env()}}
+    opts: dict[str, Any] = {"runtime_env": {"env_vars": dict(env)}} if env else {}
     if memory == "VRAM":
         opts["num_gpus"] = 1
     tag = f"{os.getpid()}-{seed}"
@@ -148,11 +145,11 @@ def _check_pair(
     try:
         src = _FabricPeer.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(prefill, soft=False), **opts
-        ).remote(f"fabric-prefill-{tag}", nbytes, memory)
+        ).remote(f"fabric-prefill-{tag}", nbytes, memory, backends)
         actors.append(src)
         dst = _FabricPeer.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(decode, soft=False), **opts
-        ).remote(f"fabric-decode-{tag}", nbytes, memory)
+        ).remote(f"fabric-decode-{tag}", nbytes, memory, backends)
         actors.append(dst)
         info, want_digest = ray.get(src.serve.remote(seed, fault), timeout=left())
         step = "starting the decode actor, READing and verifying the buffer"
@@ -186,12 +183,16 @@ def run_fabric_check(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     memory: str = "DRAM",
     *,
+    backends: Sequence[str] = ("UCX",),
+    env: Mapping[str, str] | None = None,
     seed: int = 0x5AAF,
     fault: str | None = None,
 ) -> list[PairResult]:
     """Move a verified `nbytes` buffer over NIXL for each (prefill node_id, decode node_id) pair.
 
     Needs ray.init() done. Each pair gets `timeout_s` in all; a failing pair does not stop the others.
+    `backends`: the NIXL backends the engines use (e.g. ["LIBFABRIC"] on EFA). `env`: extra environment
+    for the check's actors (e.g. {"UCX_TLS": "tcp"}); otherwise they inherit their node's environment.
     `fault` is a test hook ("corrupt", "bad_metadata", "stall") that breaks the check on purpose.
     """
     if memory not in MEMORY_KINDS:
@@ -202,7 +203,9 @@ def run_fabric_check(
         raise ValueError(f"fault={fault!r} is not a known test fault: use one of {FAULTS} or None")
     results = []
     for i, (prefill, decode) in enumerate(pairs):
-        results.append(_check_pair(prefill, decode, nbytes, timeout_s, memory, seed + i, fault))
+        results.append(
+            _check_pair(prefill, decode, nbytes, timeout_s, memory, list(backends), env or {}, seed + i, fault)
+        )
     return results
 
 

@@ -123,7 +123,10 @@ class NixlRegion:
 
     def zero(self) -> None:
         if self.memory == "VRAM":
+            import torch
+
             self.buffer.zero_()
+            torch.cuda.synchronize(self.device_id)  # NOTE: a later NIXL write must not race the memset
         else:
             self.buffer.fill(0)
 
@@ -163,7 +166,7 @@ class NixlRegion:
         if len(local_blocks) != len(remote_blocks):
             raise ValueError(f"{len(local_blocks)} local blocks for {len(remote_blocks)} remote blocks")
         self.connect(peer)
-        local = self._dlist("", self.info_local(), block_bytes)
+        local = self._dlist("", self._local_info(), block_bytes)
         remote = self._dlist(peer.agent_name, peer, block_bytes)
         local_idx = np.asarray(local_blocks, dtype=np.int32)
         remote_idx = np.asarray(remote_blocks, dtype=np.int32)
@@ -184,7 +187,7 @@ class NixlRegion:
         finally:
             self.agent.release_xfer_handle(handle)
 
-    def info_local(self) -> RegionInfo:
+    def _local_info(self) -> RegionInfo:
         return RegionInfo(self.name, b"", self.addr, self.nbytes, self.device_id, self.memory)
 
     def close(self) -> None:

@@ -26,12 +26,9 @@ def ray_session():
 
     connect(None, num_cpus=16, object_store_mib=256, namespace="saaf-test")
     yield ray
-    from ray import serve
+    from cluster.cli import shutdown_embedded
 
-    try:
-        serve.shutdown()
-    finally:
-        ray.shutdown()
+    shutdown_embedded()
 
 
 @pytest.fixture(scope="session")

@@ -40,10 +40,22 @@ def test_cli_exit_codes(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureF
     assert "prefill node-b -> decode node-a" in captured.err
 
 
-def test_cli_rejects_bad_size(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         check.main(["--mib", "0"])
     assert "--mib 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        check.main(["--env", "UCX_TLS"])
+    assert "--env 'UCX_TLS': write KEY=VALUE" in capsys.readouterr().err
+
+
+def test_cli_passes_backend_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict = {}
+    patch_cli(monkeypatch, [OK])
+    monkeypatch.setattr(check, "run_fabric_check", lambda pairs, **kw: seen.update(kw) or [OK])
+    assert check.main(["--backend", "LIBFABRIC", "--env", "UCX_TLS=tcp", "--mib", "4"]) == 0
+    assert seen["backends"] == ["LIBFABRIC"] and seen["env"] == {"UCX_TLS": "tcp"}
+    assert seen["nbytes"] == 4 * 2**20
 
 
 def fake_nodes(*states: tuple[str, bool]) -> list[dict]:

@@ -1,0 +1,155 @@
+"""Footprint of the embedded default, measured the way a user runs it.
+
+    python -m benchmarks.footprint [--requests 16] [--idle-s 10] [--out FILE]
+
+Starts `python -m cluster.deploy --no-demo` (1 prefill + 1 decode SmolLM2 on CPU) as a subprocess,
+measures time until it is ready, the PSS of its whole process tree (Ray included) idle and under load,
+idle CPU, TTFT and the KV-transfer share of it for a ~1,000-token prompt, then SIGTERMs it and checks
+that no process of the tree is left. Prints measured figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from cluster.procs import descendants
+
+READY = "OpenAI-compatible endpoint:"
+
+
+def tree(pid: int) -> list[int]:
+    return [pid, *descendants(pid)]
+
+
+def pss_bytes(pids: list[int]) -> int:
+    total = 0
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    tck = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in pids:
+        try:
+            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(f[11]) + int(f[12])) / tck
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def chat(endpoint: str, model: str, content: str, max_tokens: int) -> dict:
+    t0 = time.monotonic()
+    first = None
+    with httpx.stream("POST", f"{endpoint}/v1/chat/completions", timeout=300, json={
+        "model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+        "temperature": 0, "stream": True}) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and '"content": "' in line and first is None:
+                if json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                    first = time.monotonic() - t0
+    return {"ttft_s": first, "e2e_s": time.monotonic() - t0}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=16, help="concurrent requests for the load phase")
+    ap.add_argument("--idle-s", type=float, default=10.0, help="seconds to measure idle CPU")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--out", help="also write the figures as JSON here")
+    a = ap.parse_args()
+    if not 1 <= a.requests <= 256:
+        ap.error(f"--requests {a.requests}: give 1..256")
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "cluster.deploy", "--no-demo"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def pump() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if READY in line:
+                ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    res: dict = {}
+    try:
+        if not ready.wait(600):
+            print("".join(lines[-30:]))
+            raise SystemExit("deploy did not become ready within 600 s")
+        res["ready_s"] = round(time.monotonic() - t0, 1)
+        endpoint = f"http://127.0.0.1:{a.port}"
+        model = httpx.get(f"{endpoint}/v1/models", timeout=10).json()["data"][0]["id"]
+        time.sleep(2)
+        pids = tree(proc.pid)
+        res["processes"] = len(pids)
+        res["pss_idle_gib"] = round(pss_bytes(pids) / 2**30, 2)
+        c0 = cpu_seconds(pids)
+        time.sleep(a.idle_s)
+        res["idle_cpu_cores"] = round((cpu_seconds(tree(proc.pid)) - c0) / a.idle_s, 3)
+        long_prompt = " ".join(f"item{i}" for i in range(260))  # ~1,000 tokens with the chat template
+        single = chat(endpoint, model, long_prompt + " Summarise.", 8)
+        tel = httpx.get(f"{endpoint}/v1/stats", timeout=10).json()["transfers"][-1]
+        res["ttft_1k_s"] = round(single["ttft_s"], 3)
+        res["ttft_1k_prompt_tokens"] = tel["prompt_tokens"]
+        res["kv_transfer_wait_1k_s"] = round(tel["transfer_wait_s"], 4)
+        res["kv_transfer_share_of_ttft"] = round(tel["transfer_wait_s"] / single["ttft_s"], 3)
+        peak = [0]
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                peak[0] = max(peak[0], pss_bytes(tree(proc.pid)))
+                time.sleep(0.5)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        t1 = time.monotonic()
+        with ThreadPoolExecutor(a.requests) as pool:
+            runs = list(pool.map(lambda i: chat(endpoint, model, f"Tell me a fact about the number {i}.", 32),
+                                 range(a.requests)))
+        stop.set()
+        sampler.join(5)
+        ttfts = sorted(r["ttft_s"] for r in runs if r["ttft_s"] is not None)
+        res["load_requests"] = a.requests
+        res["load_wall_s"] = round(time.monotonic() - t1, 2)
+        res["load_ttft_p50_s"] = round(ttfts[len(ttfts) // 2], 3)
+        res["pss_load_peak_gib"] = round(peak[0] / 2**30, 2)
+    finally:
+        pids = tree(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        time.sleep(2)
+        res["left_running_after_sigterm"] = sum(Path(f"/proc/{p}").exists() for p in pids)
+    for k, v in res.items():
+        print(f"{k:32} {v}")
+    if a.out:
+        Path(a.out).write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""Our own process tree: find descendants, and make sure none outlives an embedded cluster.
+
+NOTE: Ray 2.60's DashboardAgent and RuntimeEnvAgent can survive `ray.shutdown()` of a local cluster
+(re-parented to init, ignoring SIGTERM); we end exactly the processes we started, by PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+
+def descendants(pid: int) -> list[int]:
+    """All descendants of ``pid`` (not pid itself), from /proc."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def reap(pids: list[int], grace_s: float = 10.0) -> list[int]:
+    """Wait up to ``grace_s`` for ``pids`` to exit, then SIGTERM, then SIGKILL. Returns those killed."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.2)
+    left = [p for p in pids if _alive(p)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in left:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        end = time.monotonic() + 3
+        while time.monotonic() < end and any(_alive(p) for p in left):
+            time.sleep(0.1)
+        left = [p for p in left if _alive(p)]
+        if not left:
+            break
+    return [p for p in pids if p not in left]

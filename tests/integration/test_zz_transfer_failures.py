@@ -1,0 +1,110 @@
+"""Issue 3 failure policy: a transfer that cannot complete recomputes or fails within a bound, nothing
+stays pinned, and the pool recovers. Runs last (zz): it kills the deployment's prefill worker."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import httpx
+import pytest
+import ray
+
+pytestmark = pytest.mark.integration
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(200, 40000) for _ in range(n)]
+
+
+def _drain(gen, timeout: float = 120) -> list[dict]:
+    return [ray.get(ref, timeout=timeout) for ref in gen]
+
+
+def _role(workers, role):
+    return next((wid, h) for wid, (r, h) in workers.items() if r == role)
+
+
+def _wait(pred, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.5)
+    raise AssertionError(f"{what} not reached within {timeout_s}s")
+
+
+def test_fail_policy_errors_within_bound_and_prefill_frees_blocks(ray_session, deployment, workers):
+    from decode.worker import DecodeWorker
+
+    cfg = deployment["config"]
+    transfer = cfg.transfer.model_copy(update={"failure_policy": "fail", "transfer_timeout_s": 5})
+    d2 = ray.remote(DecodeWorker).options(num_cpus=1).remote("decode-failtest", cfg.engine.model_dump(),
+                                                               transfer.model_dump())
+    try:
+        ray.get(d2.info.remote(), timeout=300)
+        _, p = _role(workers, "prefill")
+        prompt = _prompt(5, 300)
+        params = {"max_tokens": 8, "temperature": 0.0}
+        pre = ray.get(p.prefill.remote("fail-1", prompt, params), timeout=60)
+        assert ray.get(p.stats.remote(), timeout=10).kv_usage > 0  # blocks pinned for the handoff
+        h = dict(pre["handoff"])
+        kvp = dict(h["kv_transfer_params"])
+        kvp.update(remote_port=1, remote_engine_id="no-such-engine")  # an unreachable prefill engine
+        h["kv_transfer_params"] = kvp
+        t0 = time.monotonic()
+        with pytest.raises(ray.exceptions.RayTaskError, match="KV transfer"):
+            _drain(d2.decode_stream.options(num_returns="streaming").remote("fail-1", prompt, params, h))
+        assert time.monotonic() - t0 < 5 + 15
+        # The decode never pulled, so the prefill engine must release the blocks when the lease ends.
+        lease = cfg.transfer.kv_lease_s
+        _wait(lambda: ray.get(p.stats.remote(), timeout=10).kv_usage == 0, lease + 20, "prefill KV freed")
+        assert ray.get(d2.stats.remote(), timeout=10).kv_usage == 0
+        assert ray.get(d2.transfer_counters.remote(), timeout=10)["failures"] >= 1
+    finally:
+        ray.kill(d2, no_restart=True)
+
+
+def test_prefill_killed_after_handoff_recomputes_and_pool_recovers(deployment, workers, colocated_worker):
+    endpoint, model = deployment["endpoint"], deployment["model"]
+    _, p = _role(workers, "prefill")
+    _, d = _role(workers, "decode")
+    old = ray.get(p.info.remote(), timeout=30)
+    prompt = _prompt(9, 260)
+    params = {"max_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+    pre = ray.get(p.prefill.remote("kill-1", prompt, params), timeout=60)
+    ray.kill(p, no_restart=False)  # Ray restarts it (max_restarts=2)
+    t0 = time.monotonic()
+    out = _drain(d.decode_stream.options(num_returns="streaming").remote("kill-1", prompt, params,
+                                                                          pre["handoff"]))
+    elapsed = time.monotonic() - t0
+    tel = out[0]["telemetry"]
+    assert tel["outcome"] == "recomputed", tel
+    assert tel["decode_computed_prompt_tokens"] > 1
+    assert elapsed < deployment["config"].transfer.transfer_timeout_s + 30
+    got = [t for o in out for t in o["token_ids"]]
+    want = [t for o in _drain(colocated_worker.generate_stream.options(num_returns="streaming").remote(
+        "kill-ref", prompt, params)) for t in o["token_ids"]]
+    assert got == want
+    assert ray.get(d.transfer_counters.remote(), timeout=10)["recomputes"] >= 1
+
+    # The pool recovers: a restarted engine with a new engine id and side-channel port, then a request.
+    new = _wait(lambda: _try_info(p), 300, "prefill worker restart")
+    assert new["engine_id"] != old["engine_id"]
+
+    def served():
+        r = httpx.post(f"{endpoint}/v1/completions", timeout=120,
+                       json={"model": model, "prompt": "Hello there", "max_tokens": 4})
+        return r.status_code == 200
+
+    _wait(served, 60, "a request served after the restart")
+    _wait(lambda: ray.get(d.stats.remote(), timeout=10).kv_usage == 0, 30, "decode KV freed")
+
+
+def _try_info(handle):
+    try:
+        return ray.get(handle.info.remote(), timeout=10)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, ray.exceptions.ActorUnavailableError):
+        return None

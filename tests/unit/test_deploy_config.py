@@ -1,0 +1,75 @@
+"""Deploy config: bad configs fail before anything starts, with a message naming the field."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from cluster.config import ConfigError, load_config
+from cluster.deploy import check_resources, pool_sizes, resolve_device
+
+
+def _write(tmp_path, data) -> str:
+    p = tmp_path / "deploy.yaml"
+    p.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return str(p)
+
+
+def test_embedded_default_is_disaggregated_1p1d():
+    cfg = load_config(None)
+    assert cfg.mode == "disaggregated"
+    assert pool_sizes(cfg) == {"prefill": 1, "decode": 1}
+    assert cfg.serve.host == "127.0.0.1"
+
+
+@pytest.mark.parametrize("data,needle", [
+    ({"engine": {"modle": "smollm2"}}, "engine.modle: unknown key"),
+    ({"bogus": 1}, "bogus: unknown key"),
+    ({"pools": {"prefill": "two"}}, "pools"),
+    ({"pools": {"prefill": 0}}, "pools"),
+    ({"engine": {"model": "/no/such/dir"}}, "engine.model: '/no/such/dir' is not a directory"),
+    ({"mode": "split"}, "mode"),
+    ({"serve": {"port": 70000}}, "serve.port"),
+    ({"pools": "auto"}, "planner"),
+    ({"transfer": {"failure_policy": "retry"}}, "transfer.failure_policy"),
+    ({"engine": {"device": "cpu", "tensor_parallel_size": 2}}, "tensor/pipeline parallelism needs device"),
+    ("[1, 2]", "top level must be a mapping"),
+    ("a: [", "not valid YAML"),
+])
+def test_bad_config_names_the_field(tmp_path, data, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, data))
+    assert needle in str(e.value)
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("/no/such/deploy.yaml")
+
+
+def test_every_committed_deploy_manifest_parses():
+    import glob
+
+    paths = sorted(glob.glob("manifests/deploy-*.yaml"))
+    assert len(paths) >= 4
+    for p in paths:
+        load_config(p, check_paths=False)
+
+
+def test_resource_check_refuses_oversized_gpu_plan():
+    cfg = load_config("manifests/deploy-llama-8b.yaml", check_paths=False)
+    cfg = resolve_device(cfg, [{"gpus": 8}])
+    check_resources(cfg, pool_sizes(cfg), [{"gpus": 8}])  # 3 + 5 engines of 1 GPU fit one node
+    with pytest.raises(ConfigError, match="plan needs 8 GPUs .* cluster has 1 node"):
+        check_resources(cfg, pool_sizes(cfg), [{"gpus": 4}])
+    cfg16 = cfg.model_copy(update={"pools": cfg.pools.model_copy(update={"prefill_tp": 4, "decode_tp": 4,
+                                                                          "prefill": 2, "decode": 2})})
+    with pytest.raises(ConfigError, match="plan needs 16 GPUs in 2 node"):
+        check_resources(cfg16, pool_sizes(cfg16), [{"gpus": 8}])
+    check_resources(cfg16, pool_sizes(cfg16), [{"gpus": 8}, {"gpus": 8}])
+
+
+def test_auto_device_follows_cluster():
+    cfg = load_config(None)
+    assert resolve_device(cfg, [{"gpus": 0}]).engine.device == "cpu"
+    assert resolve_device(cfg, [{"gpus": 8}]).engine.device == "cuda"
