@@ -82,11 +82,12 @@ def _deploy(cfg, args) -> int:
     from cluster.runtime import connect
 
     address = args.address or cfg.ray.address
+    embedded = connect(address, num_cpus=cfg.ray.num_cpus, object_store_mib=cfg.ray.object_store_mib,
+                       namespace=cfg.ray.namespace)
+    # NOTE: after ray.init, which installs its own SIGTERM handler in the driver.
     stop_event = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop_event.set())
-    embedded = connect(address, num_cpus=cfg.ray.num_cpus, object_store_mib=cfg.ray.object_store_mib,
-                       namespace=cfg.ray.namespace)
     try:
         if cfg.pools == "auto":
             from cluster.planning import apply_plan

@@ -62,7 +62,7 @@ class PoolController:
         }
         if ecfg.resolved_device() == "cuda":
             if ecfg.gpus_per_engine == 1:
-                opts["num_gpus"] = 1
+                opts["num_gpus"] = ecfg.gpu_fraction
             else:
                 # NOTE: a TP/PP engine drives its GPUs through Ray workers; the actor itself holds none and
                 # vLLM's ray executor packs its bundles on one node (placement group).

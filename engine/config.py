@@ -31,6 +31,9 @@ class EngineConfig(BaseModel):
     )
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="GPU memory fraction per engine")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine (tensor parallel)")
+    gpu_fraction: float = Field(
+        1.0, gt=0, le=1, description="Ray GPU share of a TP1 engine; < 1 lets engines share one GPU"
+    )
     pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline stages per engine")
     enforce_eager: bool | None = Field(None, description="Disable CUDA graphs; always on for CPU")
     enable_prefix_caching: bool = Field(True, description="vLLM automatic prefix caching")
