@@ -44,7 +44,8 @@ class RouterConfig(BaseModel):
     stats_interval_s: float = Field(0.1, gt=0, le=5, description="Worker stats refresh period")
     latency_profile: str | None = Field(
         None, description="goodput: measured profile YAML (python -m placement profile); relative paths "
-                          "resolve against the working dir, then the repo; None = manifests/profiles/cpu-smollm2.yaml")
+                          "resolve against the working dir, then the repo; None = the bundled "
+                          "manifests/profiles/cpu-smollm2.yaml")
     latency_model: str | None = Field(
         None, description="goodput: catalog model (e.g. llama-3.1-8b) for a roofline latency model instead "
                           "of a profile; needs latency_hardware")

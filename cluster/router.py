@@ -76,17 +76,20 @@ POLICIES: dict[str, Callable[..., Policy]] = {
 def make_policy(name: str, **kwargs: Any) -> Policy:
     """The policy registered as `name`. Keyword arguments go to its factory; `goodput` uses
     `router_cfg` (RouterConfig: latency model, sigma, admission), `slo` (SLOConfig: default targets),
-    and optionally `latency` (a LatencyModel), `clock` and `max_prefill_tokens`."""
+    and optionally `latency`/`decode_latency` (LatencyModels), `prefill_tp`/`decode_tp` (catalog
+    models), `clock` and `max_prefill_tokens`."""
     if name == "goodput" and name not in POLICIES:
         import cluster.goodput  # noqa: F401  (registers itself)
     if name not in POLICIES:
-        raise ValueError(f"unknown router policy {name!r}; choose one of {', '.join(sorted({*POLICIES, 'goodput'}))}")
+        names = ", ".join(sorted({*POLICIES, "goodput"}))
+        raise ValueError(f"unknown router policy {name!r}; choose one of {names}")
     return POLICIES[name](**kwargs)
 
 
-def latency_from_config(rc: RouterConfig | None) -> LatencyModel:
+def latency_from_config(rc: RouterConfig | None, tp: int | None = None) -> LatencyModel:
     """The latency model the router config names: a catalog roofline (`latency_model` on
-    `latency_hardware`), a measured profile (`latency_profile`), or the bundled CPU SmolLM2 profile."""
+    `latency_hardware`, at `tp` or `latency_tp`), a measured profile (`latency_profile`), or the
+    bundled CPU SmolLM2 profile."""
     from placement.latency import LatencyModel
 
     if rc is not None and rc.latency_model is not None:
@@ -94,11 +97,11 @@ def latency_from_config(rc: RouterConfig | None) -> LatencyModel:
 
         assert rc.latency_hardware is not None  # RouterConfig's validator requires both
         return LatencyModel.from_catalog(get_model(rc.latency_model), get_hardware(rc.latency_hardware),
-                                         tp=rc.latency_tp)
+                                         tp=tp or rc.latency_tp)
     path = Path(rc.latency_profile).expanduser() if rc is not None and rc.latency_profile else DEFAULT_PROFILE
     if not path.is_absolute() and not path.is_file():
         path = DEFAULT_PROFILE.parents[2] / path  # NOTE: relative paths also resolve against the repo root
     if not path.is_file():
-        raise FileNotFoundError(f"router.latency_profile {str(path)!r} does not exist; measure one with "
-                                "`python -m placement profile --out PATH` or set latency_model and latency_hardware")
+        raise FileNotFoundError(f"router.latency_profile {str(path)!r} does not exist; measure one with `python "
+                                "-m placement profile --out PATH` or set latency_model and latency_hardware")
     return LatencyModel.from_profile(path)

@@ -51,7 +51,8 @@ class PolicyResult(NamedTuple):
     tpot_p90_s: float
 
 
-def bursty_trace(n: int, rate_rps: float, cv: float = 3.0, seed: int = 0, long_share: float = 0.25) -> list[Request]:
+def bursty_trace(n: int, rate_rps: float, cv: float = 3.0, seed: int = 0,
+                 long_share: float = 0.25) -> list[Request]:
     """Gamma arrivals (coefficient of variation `cv`) with a mix of short chat prompts and long documents."""
     if not 0 <= long_share <= 1:
         raise ValueError(f"long_share={long_share} must be in [0, 1]")
@@ -104,7 +105,8 @@ class StatsDispatch:
     def __init__(self, name: str, latency: LatencyModel, slo: SLOConfig, n_prefill: int, *,
                  best_effort: bool = False, max_prefill_tokens: int = 4096) -> None:
         if latency.pp != 1:
-            raise ValueError(f"StatsDispatch replays pp=1 prefill instances; the latency model has pp={latency.pp}")
+            raise ValueError(f"StatsDispatch replays pp=1 prefill instances; the latency model has "
+                             f"pp={latency.pp}")
         self.now = 0.0
         self.policy = make_policy(name, latency=latency, slo=slo, clock=lambda: self.now,
                                   max_prefill_tokens=max_prefill_tokens, record_refused=best_effort)
@@ -125,8 +127,8 @@ class StatsDispatch:
             ps.append(WorkerStats(f"p{v.index}", "prefill", "", v.queued_requests, m.batch_n,
                                   v.queued_prompt_tokens + m.batch_tokens, 0, 0.0, 0, (), True, now_s))
         ds = [WorkerStats(f"d{v.index}", "decode", "", v.queued_requests, v.running, v.queued_prompt_tokens,
-                          v.context_tokens, v.kv_used_tokens / v.kv_capacity_tokens if v.kv_capacity_tokens else 0.0,
-                          v.kv_capacity_tokens, (), True, now_s) for v in decode]
+                          v.context_tokens, v.kv_used_tokens / v.kv_capacity_tokens if v.kv_capacity_tokens
+                          else 0.0, v.kv_capacity_tokens, (), True, now_s) for v in decode]
         dec = self.policy(RouteRequest(prompt_len, output_len, self.ttft_s, self.tpot_s), ps, ds)
         if not dec.admit:
             self.refused += 1
@@ -148,7 +150,8 @@ def compare_policies(trace: Sequence[Request], pools: Pools, latency: LatencyMod
     if goodput_best_effort and "goodput" in policies:
         runs.append(("goodput", True))
     ttft_s, tpot_s = slo.ttft_ms / 1000.0, slo.tpot_ms / 1000.0
-    span = max(trace[-1].arrival_s - trace[0].arrival_s, 1e-9)
+    arrivals = [r.arrival_s for r in trace]
+    span = max(max(arrivals) - min(arrivals), 1e-9)
     rows = []
     for name, best_effort in runs:
         disp = StatsDispatch(name, latency, slo, pools.prefill, best_effort=best_effort,
@@ -166,11 +169,43 @@ def compare_policies(trace: Sequence[Request], pools: Pools, latency: LatencyMod
 
 
 def format_table(rows: Sequence[PolicyResult]) -> str:
-    head = (f"{'policy':<26}{'attainment':>11}{'of served':>11}{'goodput':>10}{'rejected':>10}"
+    head = (f"{'policy':<23}{'attainment':>11}{'of served':>11}{'goodput':>14}{'rejected':>10}"
             f"{'TTFT p90':>10}{'TPOT p90':>10}")
     lines = [head, "-" * len(head)]
     for r in rows:
         label = r.policy if r.admission == "reject" or r.policy != "goodput" else "goodput (best_effort)"
-        lines.append(f"{label:<26}{r.attainment:>10.1%}{r.admitted_attainment:>11.1%}{r.goodput_rps:>6.2f} r/s"
+        lines.append(f"{label:<23}{r.attainment:>11.1%}{r.admitted_attainment:>11.1%}{r.goodput_rps:>10.2f} r/s"
                      f"{r.rejected:>10d}{r.ttft_p90_s:>9.2f}s{r.tpot_p90_s:>9.3f}s")
+    return "\n".join(lines)
+
+
+class RateSweep(NamedTuple):
+    label: str  # policy, with "(best_effort)" for goodput serving everything
+    rates: tuple[float, ...]
+    attainment: tuple[float, ...]  # of all requests, per rate
+    goodput_rps: float  # highest swept rate with attainment >= the target (0 if none)
+
+
+def sweep_rates(rates: Sequence[float], pools: Pools, latency: LatencyModel, slo: SLOConfig, *, n: int = 600,
+                cv: float = 3.0, seed: int = 0, target: float = 0.9) -> list[RateSweep]:
+    """DistServe-style goodput: the highest rate at which `target` of all requests meet both SLOs,
+    per policy, on the same trace shape at every rate (common random numbers)."""
+    if not rates or not 0 < target <= 1:
+        raise ValueError(f"sweep_rates needs rates and 0 < target <= 1, got {list(rates)} and {target}")
+    curves: dict[str, list[float]] = {}
+    for rate in rates:
+        for r in compare_policies(bursty_trace(n, rate, cv, seed), pools, latency, slo):
+            label = r.policy + (" (best_effort)" if r.admission == "best_effort" else "")
+            curves.setdefault(label, []).append(r.attainment)
+    return [RateSweep(label, tuple(rates), tuple(att), max((x for x, a in zip(rates, att, strict=True)
+                                                          if a >= target), default=0.0))
+            for label, att in curves.items()]
+
+
+def format_sweep(rows: Sequence[RateSweep], target: float = 0.9) -> str:
+    head = f"{'policy':<23}" + "".join(f"{x:>8g}" for x in rows[0].rates) + f"   req/s at {target:.0%}"
+    lines = [f"attainment per arrival rate (req/s) and the highest rate with {target:.0%} attainment", head,
+             "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r.label:<23}" + "".join(f"{a:>8.1%}" for a in r.attainment) + f"   {r.goodput_rps:g} req/s")
     return "\n".join(lines)

@@ -28,7 +28,10 @@ class RoutingState:
         self.cfg = cfg
         self.controller = controller
         self.metrics = metrics
-        self.policy = make_policy(cfg.router.policy)
+        pools = None if cfg.pools == "auto" else cfg.pools
+        self.policy = make_policy(cfg.router.policy, router_cfg=cfg.router, slo=cfg.slo,
+                                  prefill_tp=pools and pools.prefill_tp, decode_tp=pools and pools.decode_tp,
+                                  max_prefill_tokens=cfg.engine.max_num_batched_tokens)
         self.handles: dict[str, Any] = {}
         self.roles: dict[str, str] = {}
         self.stats: dict[str, WorkerStats] = {}
@@ -101,8 +104,13 @@ class RoutingState:
         try:
             while True:
                 prefill, decode = self._pools(set(exclude))
+                waited = time.monotonic() - t0
+                if queued and rc.admission == "queue" and req.ttft_slo_s - waited <= 0:
+                    raise APIError(429, f"TTFT target of {req.ttft_slo_s * 1000:.0f} ms passed while queued; "
+                                   "retry later", type_="rate_limit_exceeded", code="slo_unattainable",
+                                   headers={"Retry-After": "1"})
                 if decode and (prefill or self.cfg.mode == "colocated"):
-                    d = self.policy(req, prefill, decode)
+                    d = self.policy(req._replace(ttft_slo_s=req.ttft_slo_s - waited), prefill, decode)
                     if d.admit or rc.admission == "best_effort":
                         return d._replace(admit=True)
                     if rc.admission == "reject":
@@ -140,10 +148,12 @@ class RoutingState:
         sc = self.cfg.serve
         n_out, last, first_at, ok = 0, None, None, False
         decision: RouteDecision | None = None
+        routed_at = t0
         try:
             async for d in self._run(rid, ids, params, route):
                 if "route" in d:
                     decision = d.pop("route")
+                    routed_at = time.monotonic()
                     continue
                 now = time.monotonic()
                 if d["token_ids"]:
@@ -174,7 +184,8 @@ class RoutingState:
                 observe = getattr(self.policy, "observe", None)
                 if observe is not None and decision is not None:
                     # NOTE: feedback for policies that correct their predictions online (EWMA).
-                    observe(decision, route, ttft, tpot if n_out > 1 else None)
+                    observe(decision, route, (first_at or time.monotonic()) - routed_at,
+                            tpot if n_out > 1 else None)
 
     async def _stream(self, gen: Any, timeout: float) -> AsyncIterator[dict]:
         try:

@@ -1,0 +1,121 @@
+"""Per-worker state of the goodput policy: EWMA corrections, routes not yet visible in the worker's
+stats (the ledger), and cached request-independent parts of the predictions."""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import logging
+import math
+from collections import deque
+from typing import TYPE_CHECKING
+
+from engine.stats import WorkerStats
+from placement.latency import LatencyModel, Terms
+
+if TYPE_CHECKING:
+    pass
+
+logger = logging.getLogger(__name__)
+_INF = math.inf
+
+
+def _ewma(ratio: float, observed_over_predicted: float, alpha: float) -> float:
+    """Move `ratio` toward ratio x observed/predicted in log space (one sample moves it at most 3^alpha)."""
+    return min(10.0, max(0.1, ratio * min(3.0, max(1 / 3, observed_over_predicted)) ** alpha))
+
+
+class WorkerState:
+    """One worker as the policy sees it: correction ratios, ledgers of what it routed there, and the
+    request-independent parts of its predictions (valid while `pstats`/`dstats` is the stats object)."""
+
+    __slots__ = ("ttft_ratio", "tpot_ratio", "step_ratio", "pstats", "dstats", "led", "led_tokens", "q", "n",
+                 "run", "step_ts", "base", "extra", "dls", "inc", "inc_kv", "inc_ctx", "b0", "c0", "sm", "sk",
+                 "sf", "free", "kvf", "cap", "dr")
+
+    def __init__(self) -> None:
+        self.ttft_ratio = self.tpot_ratio = self.step_ratio = 1.0
+        self.pstats: WorkerStats | None = None
+        self.dstats: WorkerStats | None = None
+        self.led: deque[tuple[float, int, float]] = deque()  # (routed at, prompt, prefill deadline)
+        self.led_tokens = self.q = self.n = self.run = 0
+        self.step_ts = -1.0
+        self.base = self.extra = 0.0
+        self.dls: list[float] = []  # prefill deadlines of our queued requests (a newcomer delays them)
+        self.inc: list[tuple[float, int, int]] = []  # heap of (expected arrival, KV tokens, context)
+        self.inc_kv = self.inc_ctx = self.b0 = self.c0 = 0
+        self.free = self.kvf = self.cap = self.dr = self.sm = self.sk = self.sf = 0.0
+
+    def refresh_prefill(self, s: WorkerStats, t: Terms, cut: float) -> None:
+        """Queue as prediction terms: base = pa*q + pb*sum(l^2) (lengths assumed equal), extra = p_lin*q
+        + one batch's fixed cost - half the running batch; `dls`: deadlines a newcomer would delay."""
+        self.pstats = s
+        led, ts = self.led, s.timestamp_s
+        un_t = un_n = 0
+        for e in reversed(led):  # routed after the snapshot
+            if e[0] <= ts:
+                break
+            un_t, un_n = un_t + e[1], un_n + 1
+        # NOTE: prefill is FIFO, so the pending tokens are our newest routes (plus other ingresses').
+        pending = s.queued_prompt_tokens + un_t
+        while led and (self.led_tokens - led[0][1] >= pending or led[0][0] < cut):
+            self.led_tokens -= led.popleft()[1]
+        run = s.running if s.role == "prefill" else 0  # NOTE: a colocated worker's batch is decoding
+        self.dls = sorted(e[2] for e in itertools.islice(led, run, None))
+        self.set_queue(t, pending, s.waiting + run + un_n, run)
+
+    def set_queue(self, t: Terms, q: int, n: int, run: int) -> None:
+        self.q, self.n, self.run = q, n, run
+        self.base = t.pa * q + t.pb * (q * q / n if n else q * q)
+        self.extra = t.p_lin * q + t.p_fixed  # NOTE: the fixed cost of one batch; more batches in the scan
+        if run and n:  # NOTE: the running batch is half done on average when we arrive
+            qi = q * run / n
+            self.extra -= 0.5 * (t.pa * qi + t.pb * qi * qi / run + t.p_fixed + t.p_lin * qi)
+
+    def add_prefill(self, t: Terms, now: float, prompt: int, deadline: float) -> None:
+        self.led.append((now, prompt, deadline))
+        self.led_tokens += prompt
+        bisect.insort(self.dls, deadline)
+        self.set_queue(t, self.q + prompt, self.n + 1, self.run)
+
+    def refresh_decode(self, s: WorkerStats, lat: LatencyModel, alpha: float, cut: float,
+                       avg_out: float) -> None:
+        self.dstats = s
+        steps = s.recent_step_times_s
+        if s.role == "decode" and s.running and len(steps) >= 4 and s.timestamp_s != self.step_ts:
+            self.step_ts = s.timestamp_s
+            recent = sorted(steps[-8:])
+            model = lat.decode_step_time_s(s.running, s.running_context_tokens)
+            if model > 0:
+                ratio = recent[len(recent) // 2] / model
+                self.step_ratio = _ewma(self.step_ratio, ratio / self.step_ratio, alpha)
+        h = self.inc
+        while h and (h[0][0] <= s.timestamp_s or h[0][0] < cut):  # arrived, so in the stats now
+            _, kv, ctx = heapq.heappop(h)
+            self.inc_kv -= kv
+            self.inc_ctx -= ctx
+        queued = s.queued_prompt_tokens
+        batch, ctx = s.running + s.waiting + len(h), s.running_context_tokens + queued + self.inc_ctx
+        self.set_batch(lat.terms, batch, ctx)
+        cap = s.kv_capacity_tokens
+        self.cap = cap or _INF  # NOTE: 0 = unknown capacity, never a KV wait
+        self.free = cap * (1.0 - s.kv_usage) - queued - self.inc_kv - s.waiting * avg_out if cap else _INF
+        self.kvf = avg_out / max(cap - self.free, 1.0) if cap else 0.0  # wait steps per missing KV token
+        self.dr = self.tpot_ratio * self.step_ratio
+
+    def set_batch(self, t: Terms, b0: int, c0: int) -> None:
+        """Decode step terms for a batch of b0 + 1 requests with c0 + (ours) context tokens."""
+        self.b0, self.c0 = b0, c0
+        self.sm = t.d_mem_c + t.d_mem_a * c0
+        self.sk = t.d_comp_b * (b0 + 1) + t.d_comp_a * c0
+        self.sf = t.d_fixed + t.d_lin * (b0 + 1)
+
+    def add_decode(self, t: Terms, arrival: float, need: int, ctx: int, avg_out: float) -> None:
+        heapq.heappush(self.inc, (arrival, need, ctx))
+        self.inc_kv += need
+        self.inc_ctx += ctx
+        self.set_batch(t, self.b0 + 1, self.c0 + ctx)
+        self.free -= need
+        if self.cap != _INF:
+            self.kvf = avg_out / max(self.cap - self.free, 1.0)

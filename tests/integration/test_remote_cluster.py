@@ -1,0 +1,162 @@
+"""Issue 6 on CPU: deploy to an already running Ray cluster (started with `ray start`, as `ray up` leaves
+one), with an explicit config and with `pools: auto`; status; scale under load with no failed request;
+shutdown leaves the cluster up. Everything goes through the real CLI in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cluster.deploy", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    from cluster.procs import descendants, reap
+    from cluster.runtime import LOOPBACK_ENV
+
+    port = _port()
+    env = dict(os.environ, **LOOPBACK_ENV)
+    proc = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block", "--num-cpus=8",
+         f"--port={port}", "--node-ip-address=127.0.0.1", "--include-dashboard=false",
+         "--object-store-memory=200000000"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    address = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        r = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address='{address}'); ray.shutdown()"],
+                           env=env, capture_output=True, timeout=60)
+        if r.returncode == 0:
+            break
+        time.sleep(1)
+    else:
+        proc.terminate()
+        pytest.fail("ray start did not come up in 90 s")
+    # NOTE: one Serve instance per Ray cluster; its HTTP port is fixed by the first deployment.
+    yield address, _port()
+    ours = descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    reap(ours, grace_s=10)
+
+
+def _config(tmp_path, name: str, port: int, **extra) -> str:
+    cfg = {"name": name, "mode": "disaggregated",
+           "engine": {"model": "tiny-llama", "kv_cache_mib": 32, "max_model_len": 512},
+           "serve": {"port": port}, "ray": {"namespace": "saaf-remote"}, **extra}
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return str(p)
+
+
+def test_explicit_config_status_scale_under_load_shutdown(ray_cluster, tmp_path):
+    ray_cluster, port = ray_cluster
+    cfg = _config(tmp_path, "remote", port, pools={"prefill": 1, "decode": 1})
+    r = _cli(cfg, "--address", ray_cluster, "--no-demo")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "OpenAI-compatible endpoint" in r.stdout
+    endpoint = f"http://127.0.0.1:{port}"
+    model = httpx.get(f"{endpoint}/v1/models", timeout=10).json()["data"][0]["id"]
+
+    st = _cli("status", "--name", "remote", "--namespace", "saaf-remote", "--address", ray_cluster, "--json",
+              timeout=120)
+    assert st.returncode == 0, st.stderr
+    status = json.loads(st.stdout.strip().splitlines()[-1])
+    assert sorted(w["role"] for w in status["workers"]) == ["decode", "prefill"]
+    assert all(w["healthy"] for w in status["workers"])
+
+    # Load during the scale-up and the scale-down: every request must succeed.
+    results: list[int] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        for i in range(2000):
+            if stop.is_set():
+                return
+            try:
+                resp = httpx.post(f"{endpoint}/v1/completions", timeout=120, json={
+                    "model": model, "prompt": f"request {i}", "max_tokens": 16, "ignore_eos": True})
+                results.append(resp.status_code)
+            except httpx.HTTPError:
+                results.append(-1)
+
+    threads = [threading.Thread(target=load) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        up = _cli("scale", "--decode", "2", "--prefill", "2", "--name", "remote", "--namespace", "saaf-remote",
+                  "--address", ray_cluster, timeout=600)
+        assert up.returncode == 0, up.stdout + up.stderr
+        time.sleep(3)
+        down = _cli("scale", "--decode", "1", "--name", "remote", "--namespace", "saaf-remote",
+                    "--address", ray_cluster, timeout=600)
+        assert down.returncode == 0, down.stdout + down.stderr
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(180)
+    assert results and set(results) == {200}, {c: results.count(c) for c in set(results)}
+
+    st = _cli("status", "--name", "remote", "--namespace", "saaf-remote", "--address", ray_cluster, "--json",
+              timeout=120)
+    roles = sorted(w["role"] for w in json.loads(st.stdout.strip().splitlines()[-1])["workers"])
+    assert roles == ["decode", "prefill", "prefill"]
+
+    sd = _cli("shutdown", "--name", "remote", "--namespace", "saaf-remote", "--address", ray_cluster,
+              timeout=300)
+    assert sd.returncode == 0, sd.stderr
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{endpoint}/v1/models", timeout=5).raise_for_status()
+    # The cluster itself stays up.
+    gone = _cli("status", "--name", "remote", "--namespace", "saaf-remote", "--address", ray_cluster,
+                timeout=120)
+    assert gone.returncode == 1 and "no deployment 'remote'" in gone.stderr
+
+
+def test_pools_auto_on_running_cluster(ray_cluster, tmp_path):
+    ray_cluster, port = ray_cluster
+    cfg = _config(tmp_path, "remoteauto", port, pools="auto",
+                  planner=os.path.abspath("manifests/plan-cpu-smollm2.yaml"))
+    r = _cli(cfg, "--address", ray_cluster, "--no-demo")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "prefill pool" in r.stdout and "decode pool" in r.stdout  # the plan it applies
+    endpoint = f"http://127.0.0.1:{port}"
+    model = httpx.get(f"{endpoint}/v1/models", timeout=10).json()["data"][0]["id"]
+    resp = httpx.post(f"{endpoint}/v1/completions", timeout=120,
+                      json={"model": model, "prompt": "hi", "max_tokens": 4})
+    assert resp.status_code == 200
+    sd = _cli("shutdown", "--name", "remoteauto", "--namespace", "saaf-remote", "--address", ray_cluster,
+              timeout=300)
+    assert sd.returncode == 0, sd.stderr
+
+
+def test_plan_only_needs_no_cluster_or_gpu():
+    for cfg in ("manifests/deploy-llama-70b.yaml", "manifests/deploy-llama-8b.yaml",
+                "manifests/deploy-llama-8b-colocated.yaml"):
+        r = _cli(cfg, "--plan-only", "--address", "127.0.0.1:1", timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "prefill" in r.stdout or "colocated" in r.stdout

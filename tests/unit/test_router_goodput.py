@@ -1,0 +1,191 @@
+"""Goodput policy on synthetic WorkerStats (no Ray): predictions, choice, admission, affinity, feedback."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.goodput import GoodputPolicy
+from cluster.router import RouteRequest, latency_from_config
+from engine.stats import WorkerStats
+from placement.latency import LatencyModel
+
+LAT = latency_from_config(None)  # the bundled CPU SmolLM2 profile: prefill ~1.55 ms/token + 72 ms
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def pw(i: int, queued: int = 0, waiting: int = 0, running: int = 0, ts: float = 1000.0, node: str = "") -> WorkerStats:
+    return WorkerStats(f"p{i}", "prefill", node, waiting, running, queued, 0, 0.0, 5760, (), True, ts)
+
+
+def dw(i: int, running: int = 0, ctx: int = 0, kv: float = 0.0, steps: tuple[float, ...] = (), ts: float = 1000.0,
+       node: str = "") -> WorkerStats:
+    return WorkerStats(f"d{i}", "decode", node, 0, running, 0, ctx, kv, 5760, steps, True, ts)
+
+
+def policy(**kw) -> GoodputPolicy:
+    kw.setdefault("clock", Clock())
+    return GoodputPolicy(LAT, default_ttft_s=2.0, default_tpot_s=0.2, **kw)
+
+
+def req(prompt: int = 200, out: int = 64, ttft: float = 2.0, tpot: float = 0.2, prefix: int = 0) -> RouteRequest:
+    return RouteRequest(prompt, out, ttft, tpot, prefix)
+
+
+def test_idle_prediction_is_the_latency_model() -> None:
+    d = policy()(req(300, 64), [pw(0)], [dw(0)])
+    assert d.admit and (d.prefill, d.decode) == ("p0", "d0") and d.reason == "goodput"
+    assert d.predicted_ttft_s == pytest.approx(LAT.prefill_time_s([300]) + LAT.kv_transfer_time_s(300, False))
+    assert d.predicted_tpot_s == pytest.approx(LAT.decode_step_time_s(1, 300 + 32))
+    assert d.p_slo == pytest.approx(1.0, abs=1e-4)
+
+
+def test_queue_wait_counts_in_ttft() -> None:
+    ttfts = [policy()(req(), [pw(0, queued=q, waiting=q // 200)], [dw(0)]).predicted_ttft_s for q in (0, 400, 1200)]
+    assert ttfts[0] < ttfts[1] < ttfts[2]
+    # 1200 queued tokens in 6 requests + ours: one batch of 1400 tokens, ~2.2 s on the CPU profile
+    assert ttfts[2] == pytest.approx(LAT.prefill_time_from_sums(1400, 6 * 200**2 + 200**2)
+                                     + LAT.kv_transfer_time_s(200, False))
+
+
+def test_long_queue_and_big_batch_are_avoided() -> None:
+    d = policy()(req(), [pw(0, queued=1500, waiting=5), pw(1, queued=100, waiting=1)],
+                 [dw(0, running=30, ctx=9000, kv=0.5), dw(1, running=3, ctx=900, kv=0.5)])
+    assert (d.prefill, d.decode) == ("p1", "d1")
+
+
+def test_full_kv_cache_is_avoided_and_oversized_requests_refused() -> None:
+    # d0 has the smaller batch but only ~60 free KV tokens: we would wait for requests to finish.
+    p = policy()
+    d = p(req(300, 16), [pw(0)], [dw(0, running=8, ctx=2000, kv=0.99), dw(1, running=12, ctx=2400, kv=0.5)])
+    assert d.decode == "d1"
+    big = p(req(5000, 1000, ttft=30.0), [pw(0)], [dw(0)])  # more KV than the worker has
+    assert not big.admit and "TPOT inf" in big.reason
+
+
+def test_unmeetable_ttft_is_refused_but_names_the_best_pair() -> None:
+    d = policy()(req(ttft=1.0), [pw(0, queued=3000, waiting=8), pw(1, queued=2000, waiting=6)], [dw(0)])
+    assert not d.admit
+    assert "TTFT" in d.reason and "vs 1.000 s" in d.reason
+    assert (d.prefill, d.decode) == ("p1", "d0")  # best-effort admission serves it there
+    assert d.predicted_ttft_s > 1.0 and d.p_slo < 0.5
+
+
+def test_refused_requests_are_booked_only_for_best_effort() -> None:
+    stats = ([pw(0, queued=3000, waiting=8)], [dw(0)])
+    for record, booked in ((False, 0), (True, 1)):
+        p = policy(record_refused=record)
+        p(req(ttft=1.0), *stats)
+        assert len(p.states["p0"].led) == booked
+
+
+def test_routes_the_stats_do_not_show_yet_spread_the_load() -> None:
+    # Stats refresh every 100 ms; a burst in between must not all land on the same workers.
+    pre, dec = [pw(i) for i in range(4)], [dw(i) for i in range(4)]
+    p = policy()
+    picks = [p(req(400, 100), pre, dec) for _ in range(8)]
+    assert {d.prefill for d in picks} == {"p0", "p1", "p2", "p3"}
+    assert {d.decode for d in picks} == {"d0", "d1", "d2", "d3"}
+    # Once a snapshot taken after the routes shows them, the ledger stops adding them again.
+    clock = p.clock
+    clock.t += 0.1
+    fresh = [pw(i, queued=800, waiting=2, ts=clock.t) for i in range(4)]
+    d = p(req(400, 100), fresh, dec)
+    assert d.predicted_ttft_s == pytest.approx(
+        LAT.prefill_time_from_sums(1200, 2 * 400**2 + 400**2) + LAT.kv_transfer_time_s(400, False))
+
+
+def test_a_long_prompt_does_not_push_a_queued_request_past_its_deadline() -> None:
+    pre = [pw(0, queued=300, waiting=1, running=1), pw(1, queued=450, waiting=2, running=1)]
+    assert policy()(req(900, ttft=6.0), pre, [dw(0)]).prefill == "p0"  # alone, p0 is the faster one
+    p = policy()
+    first = p(req(200, ttft=1.0), pre, [dw(0)])  # ours, now queued on p0 with a tight budget
+    assert first.admit and first.prefill == "p0"
+    later = p(req(900, ttft=6.0), pre, [dw(0)])
+    assert later.admit and later.prefill == "p1"
+
+
+def test_prefix_affinity_breaks_ties_but_not_load() -> None:
+    p = policy()
+    first = p(req(prefix=42), [pw(0), pw(1)], [dw(0)])
+    clock = p.clock
+    clock.t += 1
+    tie = [pw(0, ts=clock.t), pw(1, ts=clock.t)]
+    other = "p1" if first.prefill == "p0" else "p0"
+    assert p(req(prefix=7), tie, [dw(0, ts=clock.t)]).prefill == first.prefill  # lowest index on a tie
+    assert p(req(prefix=42), [s._replace(queued_prompt_tokens=30, waiting=1) if s.worker_id == first.prefill else s
+                              for s in tie], [dw(0, ts=clock.t)]).prefill == first.prefill
+    clock.t += 1
+    busy = [pw(0, queued=2500, waiting=8, ts=clock.t) if first.prefill == "p0" else pw(0, ts=clock.t),
+            pw(1, queued=2500, waiting=8, ts=clock.t) if first.prefill == "p1" else pw(1, ts=clock.t)]
+    assert p(req(prefix=42), busy, [dw(0, ts=clock.t)]).prefill == other
+
+
+def test_observed_slowness_moves_requests_away() -> None:
+    p = policy()
+    pre, dec = [pw(0), pw(1)], [dw(0), dw(1)]
+    d = p(req(), pre, dec)
+    for _ in range(20):
+        p.observe(d, req(), ttft_s=3 * d.predicted_ttft_s, tpot_s=3 * d.predicted_tpot_s)
+    assert p.states[d.prefill].ttft_ratio > 2 and p.states[d.decode].tpot_ratio > 2
+    clock = p.clock
+    clock.t += 1
+    again = p(req(), [pw(0, ts=clock.t), pw(1, ts=clock.t)], [dw(0, ts=clock.t), dw(1, ts=clock.t)])
+    assert again.prefill != d.prefill and again.decode != d.decode
+
+
+def test_decode_step_times_calibrate_tpot() -> None:
+    model = LAT.decode_step_time_s(10, 3000)
+    slow = dw(0, running=10, ctx=3000, steps=(2 * model,) * 8)
+    fast = dw(1, running=10, ctx=3000, steps=(model,) * 8)
+    p = policy(ewma_alpha=1.0)
+    d = p(req(), [pw(0)], [slow, fast])
+    assert d.decode == "d1"
+    assert p.states["d0"].step_ratio == pytest.approx(2.0)
+
+
+def test_batch_already_there_keeps_its_tighter_target() -> None:
+    # Default TPOT 0.2 s. This request accepts 1 s, but joining d0 would push its 38 requests past 0.2 s.
+    loaded = dw(0, running=38, ctx=4000, kv=0.3)
+    assert LAT.decode_step_time_s(39, 4300) > 0.2 > LAT.decode_step_time_s(38, 4000)
+    solo = policy()(req(tpot=1.0), [pw(0)], [loaded])
+    assert not solo.admit and solo.p_slo > 0.99 and "net of others" in solo.reason
+    d = policy()(req(tpot=1.0), [pw(0)], [loaded, dw(1, running=10, ctx=4000, kv=0.3)])
+    assert d.admit and d.decode == "d1"
+
+
+def test_same_node_transfer_is_preferred() -> None:
+    p = policy()
+    d = p(req(1000, ttft=5.0), [pw(0, node="a"), pw(1, node="b")], [dw(0, node="b")])
+    assert d.prefill == "p1"
+    assert d.predicted_ttft_s == pytest.approx(LAT.prefill_time_s([1000]) + LAT.kv_transfer_time_s(1000, True))
+
+
+def test_colocated_mode_routes_to_one_worker() -> None:
+    co = [WorkerStats(f"c{i}", "colocated", "", q // 300, 0, q, 0, 0.1, 5760, (), True, 1000.0)
+          for i, q in enumerate((1500, 0))]
+    d = policy()(req(), [], co)
+    assert d.admit and d.prefill is None and d.decode == "c1"
+    assert d.predicted_ttft_s == pytest.approx(LAT.prefill_time_s([200]))
+
+
+def test_bad_inputs_name_the_value() -> None:
+    with pytest.raises(ValueError, match="max_tokens >= 1, got 200 and 0"):
+        policy()(RouteRequest(200, 0, 1.0, 0.1), [pw(0)], [dw(0)])
+    with pytest.raises(ValueError, match="sigma=0"):
+        GoodputPolicy(LAT, sigma=0)
+    assert not policy()(req(), [pw(0)], []).admit
+
+
+def test_other_latency_models_work() -> None:
+    from placement.catalog import get_hardware, get_model
+
+    gpu = LatencyModel.from_catalog(get_model("llama-3.1-8b"), get_hardware("h100-sxm"))
+    d = GoodputPolicy(gpu, clock=Clock())(req(2000, 200, ttft=0.5, tpot=0.05), [pw(0)], [dw(0)])
+    assert d.admit and d.predicted_ttft_s < 0.5 and d.predicted_tpot_s < 0.05
