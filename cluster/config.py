@@ -71,6 +71,8 @@ class ServeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     host: str = Field("127.0.0.1", description="HTTP bind address")
     port: int = Field(8000, ge=1, le=65535)
+    route_prefix: str = Field("/", pattern=r"^/[A-Za-z0-9_/-]*$",
+                              description="URL prefix of this app (several apps can share one Serve)")
     request_timeout_s: float = Field(300, gt=0, description="Max seconds for one request end to end")
     token_timeout_s: float = Field(60, gt=0, description="Max seconds between two streamed tokens")
     max_body_bytes: int = Field(1 << 20, gt=0, description="Largest accepted request body")

@@ -116,7 +116,7 @@ def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
         name=name, namespace=cfg.ray.namespace, lifetime="detached", num_cpus=0, max_restarts=0,
     ).remote(cfg.model_dump())
     started = controller.start.remote(sizes)
-    endpoint = f"http://{cfg.serve.host}:{cfg.serve.port}"
+    endpoint = endpoint_url(cfg)
     timings: dict[str, float] = {}
     try:
         with cf.ThreadPoolExecutor(1) as pool:
@@ -124,7 +124,8 @@ def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
             if cfg.mode == "disaggregated" and cfg.transfer.fabric_check:
                 fabric = pool.submit(_timed, timings, "fabric_check_s", fabric_check, cfg)
             serve.start(http_options={"host": cfg.serve.host, "port": cfg.serve.port})
-            serve.run(Ingress.bind(cfg.model_dump(), name), name=cfg.name, route_prefix="/", blocking=False)
+            serve.run(Ingress.bind(cfg.model_dump(), name), name=cfg.name, route_prefix=cfg.serve.route_prefix,
+                      blocking=False)
             timings["serve_s"] = time.monotonic() - t0
             if fabric is not None:
                 fabric.result(timeout=cfg.engine.startup_timeout_s)
@@ -137,6 +138,10 @@ def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
     logger.info("startup phases (s since start): %s", {k: round(v, 1) for k, v in timings.items()})
     return {"endpoint": endpoint, "model": cfg.engine.served_model_name or served_name(cfg.engine.model),
             "workers": infos, "startup_s": time.monotonic() - t0, "config": cfg, "timings": timings}
+
+
+def endpoint_url(cfg: DeployConfig) -> str:
+    return f"http://{cfg.serve.host}:{cfg.serve.port}{cfg.serve.route_prefix.rstrip('/')}"
 
 
 def _timed(timings: dict[str, float], key: str, fn: Any, *args: Any) -> Any:

@@ -62,7 +62,9 @@ def _status(ctl, args) -> int:
                 pass
         rows.append({"worker_id": w["worker_id"], "role": w["role"], "state": w["state"], "healthy": healthy,
                      "stats": stats})
-    endpoint = f"http://{cfg.serve.host}:{cfg.serve.port}/v1"
+    from cluster.deploy import endpoint_url
+
+    endpoint = endpoint_url(cfg) + "/v1"
     if args.json:
         print(json.dumps({"name": cfg.name, "mode": cfg.mode, "endpoint": endpoint, "workers": rows},
                          default=str))

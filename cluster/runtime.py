@@ -28,7 +28,9 @@ def connect(address: str | None, *, num_cpus: int | None, object_store_mib: int,
                  logging_level=logging.WARNING, log_to_driver=False)
         return False
     cpus = num_cpus or max(4, (os.cpu_count() or 2) + 2)
-    ray.init(num_cpus=cpus, include_dashboard=False, object_store_memory=object_store_mib << 20,
+    # NOTE: address="local" always starts a new cluster; without it ray.init() attaches to whatever
+    # `ray start` last left in /tmp/ray/ray_current_cluster, even a stale one.
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, object_store_memory=object_store_mib << 20,
              _node_ip_address="127.0.0.1", namespace=namespace, runtime_env={"env_vars": env_vars},
              logging_level=logging.WARNING, log_to_driver=False)
     return True

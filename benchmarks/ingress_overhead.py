@@ -1,0 +1,81 @@
+"""What the HTTP ingress + router add to TTFT, against calling the prefill actor directly.
+
+    python -m benchmarks.ingress_overhead [--model tiny-llama] [--n 40] [--prompt-tokens 64]
+
+Deploys the embedded disaggregated default (in this process, local Ray), then alternates, for the same
+token-id prompt: (a) a streamed HTTP completion with max_tokens=1 through the Serve endpoint (tokenize
+skipped: the prompt is token ids; routed; served by the prefill worker), and (b) the prefill worker's
+``generate_stream`` called directly as a Ray actor. TTFT = send -> first token. Prints p50/p90 of both
+and the p50 difference. Measured figures only; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import httpx
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny-llama", help="smollm2, tiny-llama or a model dir")
+    ap.add_argument("--n", type=int, default=40, help="requests per path (1..1000)")
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--port", type=int, default=8011)
+    a = ap.parse_args()
+    if not 1 <= a.n <= 1000:
+        ap.error(f"--n {a.n}: give 1..1000")
+    import ray
+
+    from cluster import deploy
+    from cluster.cli import shutdown_embedded
+    from cluster.config import parse_config
+    from cluster.runtime import connect
+
+    cfg = parse_config({"name": "overhead", "engine": {"model": a.model, "max_model_len": 1024},
+                        "serve": {"port": a.port}, "transfer": {"fabric_check": False}})
+    connect(None, num_cpus=None, object_store_mib=256, namespace=cfg.ray.namespace)
+    try:
+        info = deploy.start(cfg)
+        ctl = ray.get_actor(deploy.controller_name(cfg), namespace=cfg.ray.namespace)
+        _, members = ray.get(ctl.members.remote(), timeout=30)
+        prefill = next(h for _, role, h, _ in members if role == "prefill")
+        prompt = [100 + (i * 31) % 5000 for i in range(a.prompt_tokens)]
+        params = {"max_tokens": 1, "temperature": 0.0}
+        http, direct = [], []
+        with httpx.Client(timeout=60) as client:
+            for i in range(a.n + 3):
+                t0 = time.perf_counter()
+                with client.stream("POST", f"{info['endpoint']}/v1/completions", json={
+                        "model": info["model"], "prompt": prompt, "max_tokens": 1, "temperature": 0,
+                        "stream": True}) as r:
+                    for line in r.iter_lines():
+                        if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
+                            break
+                t_http = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                gen = prefill.generate_stream.options(num_returns="streaming").remote(f"direct-{i}", prompt, params)
+                first = next(iter(gen))
+                ray.get(first, timeout=60)
+                t_direct = time.perf_counter() - t0
+                for ref in gen:  # drain the rest so the request ends cleanly
+                    ray.get(ref, timeout=60)
+                if i >= 3:  # warm-up excluded
+                    http.append(t_http)
+                    direct.append(t_direct)
+        q = lambda xs, p: sorted(xs)[min(len(xs) - 1, int(p * len(xs)))]  # noqa: E731
+        print(f"model {info['model']}, prompt {a.prompt_tokens} tokens, {a.n} requests per path")
+        print(f"HTTP ingress + router TTFT  p50 {q(http, .5) * 1e3:8.2f} ms   p90 {q(http, .9) * 1e3:8.2f} ms")
+        print(f"prefill actor direct TTFT   p50 {q(direct, .5) * 1e3:8.2f} ms   p90 {q(direct, .9) * 1e3:8.2f} ms")
+        print(f"added by ingress + router   p50 {(statistics.median(http) - statistics.median(direct)) * 1e3:8.2f} ms")
+        deploy.stop(info["config"])
+    finally:
+        shutdown_embedded()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
