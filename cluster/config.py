@@ -76,6 +76,9 @@ class ServeConfig(BaseModel):
     request_timeout_s: float = Field(300, gt=0, description="Max seconds for one request end to end")
     token_timeout_s: float = Field(60, gt=0, description="Max seconds between two streamed tokens")
     max_body_bytes: int = Field(1 << 20, gt=0, description="Largest accepted request body")
+    recovery_timeout_s: float = Field(
+        90, gt=0, description="Max seconds a request waits for a pool with no healthy worker (restarts)"
+    )
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request omits it")
 
 

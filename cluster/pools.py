@@ -55,7 +55,7 @@ class PoolController:
         ecfg = self.engine_for(role)
         opts: dict[str, Any] = {
             "num_cpus": self.cfg.worker_cpus,
-            "max_restarts": 2,
+            "max_restarts": 10,
             "max_task_retries": 0,
             "name": f"{self.cfg.name}-{wid}",
             "lifetime": "detached",

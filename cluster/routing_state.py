@@ -23,6 +23,12 @@ logger = logging.getLogger(__name__)
 _DEAD = (RayActorError, ActorDiedError, ActorUnavailableError)
 
 
+class _WorkerDied(Exception):
+    def __init__(self, worker: str, cause: BaseException) -> None:
+        super().__init__(worker)
+        self.worker, self.cause = worker, cause
+
+
 class RoutingState:
     def __init__(self, cfg: DeployConfig, controller: Any, metrics: Metrics) -> None:
         self.cfg = cfg
@@ -91,13 +97,22 @@ class RoutingState:
 
     # ---- routing and admission -------------------------------------------------------------------
     def _pools(self, exclude: set[str]) -> tuple[list[WorkerStats], list[WorkerStats]]:
-        ok = [s for w, s in self.stats.items() if s.healthy and w not in exclude and w in self.handles]
-        if self.cfg.mode == "colocated":
-            return [], [s for s in ok if self.roles.get(s.worker_id) == "colocated"]
-        return ([s for s in ok if self.roles.get(s.worker_id) == "prefill"],
-                [s for s in ok if self.roles.get(s.worker_id) == "decode"])
+        """Healthy workers per pool. A worker that failed this request is skipped while another
+        healthy worker of its role exists; otherwise (a pool of one) we wait for Ray to restart it."""
+        ok = [s for w, s in self.stats.items() if s.healthy and w in self.handles]
 
-    async def route(self, req: RouteRequest, exclude: set[str] = frozenset()) -> RouteDecision:
+        def pool(role: str) -> list[WorkerStats]:
+            members = [s for s in ok if self.roles.get(s.worker_id) == role]
+            return [s for s in members if s.worker_id not in exclude] or members
+
+        if self.cfg.mode == "colocated":
+            return [], pool("colocated")
+        return pool("prefill"), pool("decode")
+
+    async def route(self, req: RouteRequest, exclude: set[str] = frozenset(),
+                    must_admit: bool = False) -> RouteDecision:
+        """Pick workers, applying admission. ``must_admit`` (retries of a request already admitted)
+        skips admission but still waits for a healthy worker, up to serve.recovery_timeout_s."""
         t0 = time.monotonic()
         rc = self.cfg.router
         queued = False
@@ -105,28 +120,30 @@ class RoutingState:
             while True:
                 prefill, decode = self._pools(set(exclude))
                 waited = time.monotonic() - t0
+                if not decode or not (prefill or self.cfg.mode == "colocated"):
+                    if waited > self.cfg.serve.recovery_timeout_s:
+                        raise APIError(503, "no healthy workers in the pools; retry later",
+                                       type_="service_unavailable", headers={"Retry-After": "5"})
+                    await asyncio.sleep(0.1)
+                    continue
                 if queued and rc.admission == "queue" and req.ttft_slo_s - waited <= 0:
                     raise APIError(429, f"TTFT target of {req.ttft_slo_s * 1000:.0f} ms passed while queued; "
                                    "retry later", type_="rate_limit_exceeded", code="slo_unattainable",
                                    headers={"Retry-After": "1"})
-                if decode and (prefill or self.cfg.mode == "colocated"):
-                    d = self.policy(req._replace(ttft_slo_s=req.ttft_slo_s - waited), prefill, decode)
-                    if d.admit or rc.admission == "best_effort":
-                        return d._replace(admit=True)
-                    if rc.admission == "reject":
-                        raise APIError(429, f"no worker can meet the SLO now ({d.reason}); retry later",
-                                       type_="rate_limit_exceeded", code="slo_unattainable",
-                                       headers={"Retry-After": "1"})
-                elif time.monotonic() - t0 > rc.queue_timeout_s:
-                    raise APIError(503, "no healthy workers in the pools; retry later",
-                                   type_="service_unavailable", headers={"Retry-After": "5"})
+                d = self.policy(req._replace(ttft_slo_s=req.ttft_slo_s - waited), prefill, decode)
+                if d.admit or must_admit or rc.admission == "best_effort":
+                    return d._replace(admit=True)
+                if rc.admission == "reject":
+                    raise APIError(429, f"no worker can meet the SLO now ({d.reason}); retry later",
+                                   type_="rate_limit_exceeded", code="slo_unattainable",
+                                   headers={"Retry-After": "1"})
                 if not queued:
                     if self.queued >= rc.max_queue:
                         raise APIError(429, f"admission queue full ({rc.max_queue} waiting); retry later",
                                        type_="rate_limit_exceeded", headers={"Retry-After": "1"})
                     self.queued += 1
                     queued = True
-                if time.monotonic() - t0 > rc.queue_timeout_s:
+                if waited > rc.queue_timeout_s:
                     raise APIError(429, f"not admitted within {rc.queue_timeout_s:.0f}s; retry later",
                                    type_="rate_limit_exceeded", headers={"Retry-After": "1"})
                 await asyncio.sleep(0.05)
@@ -204,47 +221,67 @@ class RoutingState:
                 pass
 
     async def _run(self, rid: str, ids: list[int], params: dict, route: RouteRequest) -> AsyncIterator[dict]:
-        sc = self.cfg.serve
+        """Route and run; if a worker dies, retry elsewhere (or on the same worker once Ray has restarted
+        it). A decode worker lost mid-stream is migrated: prompt + the tokens already streamed are
+        prefilled again and decoding continues on a decode worker, so the client's stream goes on."""
+        produced: list[int] = []
         excluded: set[str] = set()
-        for attempt in range(3):
-            dec = await self.route(route, excluded)
+        for attempt in range(4):
+            left = params["max_tokens"] - len(produced)
+            if left < 1:
+                return
+            prompt = ids + produced
+            p = dict(params, max_tokens=left, min_tokens=max(0, params.get("min_tokens", 0) - len(produced)))
+            r = route._replace(prompt_tokens=len(prompt), max_tokens=left)
+            dec = await self.route(r, excluded, must_admit=attempt > 0)
             yield {"route": dec, "token_ids": []}
             try:
-                if self.cfg.mode == "colocated" or params["max_tokens"] == 1:
-                    wid = dec.decode if self.cfg.mode == "colocated" else dec.prefill
-                    gen = self.handles[wid].generate_stream.options(num_returns="streaming").remote(
-                        rid, ids, params)
-                    async for d in self._stream(gen, sc.token_timeout_s):
-                        yield d
-                    return
-                pre = await asyncio.wait_for(
-                    self.handles[dec.prefill].prefill.remote(rid, ids, params), timeout=sc.request_timeout_s)
-            except _DEAD as e:
-                failed = dec.decode if self.cfg.mode == "colocated" else dec.prefill
-                logger.warning("worker %s died serving %s (attempt %d): %s", failed, rid, attempt + 1, e)
-                excluded.add(failed)
-                continue
-            except TimeoutError:
-                raise APIError(504, f"prefill exceeded {sc.request_timeout_s:.0f}s", type_="timeout") from None
-            except ray.exceptions.RayTaskError as e:
-                raise APIError(502, f"engine failed: {getattr(e, 'cause', e)}", type_="engine_error") from None
-            self.metrics.prefill.observe(pre["handoff"]["prefill_s"])
-            gen = self.handles[dec.decode].decode_stream.options(num_returns="streaming").remote(
-                rid, ids, params, pre["handoff"])
+                async for d in self._attempt(rid if attempt == 0 else f"{rid}-r{attempt}", prompt, p, dec):
+                    produced.extend(d["token_ids"])
+                    yield d
+                return
+            except _WorkerDied as e:
+                logger.warning("worker %s died serving %s after %d tokens (attempt %d): %s", e.worker, rid,
+                               len(produced), attempt + 1, e.cause)
+                self.metrics.requests.labels("migrated" if produced else "retried").inc()
+                excluded.add(e.worker)
+                if e.worker in self.stats:
+                    self.stats[e.worker] = self.stats[e.worker]._replace(healthy=False)
+        raise APIError(503, "request failed on 4 workers in a row; retry later", type_="service_unavailable")
+
+    async def _attempt(self, rid: str, ids: list[int], params: dict, dec: RouteDecision) -> AsyncIterator[dict]:
+        sc = self.cfg.serve
+        if self.cfg.mode == "colocated" or params["max_tokens"] == 1:
+            wid = dec.decode if self.cfg.mode == "colocated" else dec.prefill
+            gen = self.handles[wid].generate_stream.options(num_returns="streaming").remote(rid, ids, params)
             try:
-                async for d in self._stream(gen, self.cfg.transfer.transfer_timeout_s + sc.token_timeout_s):
-                    tel = d.pop("telemetry", None)
-                    if tel is not None:
-                        self._record_transfer(tel)
+                async for d in self._stream(gen, sc.token_timeout_s):
                     yield d
             except _DEAD as e:
-                raise APIError(503, f"decode worker {dec.decode} failed mid-request: {e}",
-                               type_="service_unavailable") from None
-            except ray.exceptions.RayTaskError as e:
-                raise APIError(502, f"decode failed: {e.cause if hasattr(e, 'cause') else e}",
-                               type_="kv_transfer_error") from None
+                raise _WorkerDied(wid, e) from None
             return
-        raise APIError(503, "request failed on 3 workers in a row; retry later", type_="service_unavailable")
+        try:
+            pre = await asyncio.wait_for(
+                self.handles[dec.prefill].prefill.remote(rid, ids, params), timeout=sc.request_timeout_s)
+        except _DEAD as e:
+            raise _WorkerDied(dec.prefill, e) from None
+        except TimeoutError:
+            raise APIError(504, f"prefill exceeded {sc.request_timeout_s:.0f}s", type_="timeout") from None
+        except ray.exceptions.RayTaskError as e:
+            raise APIError(502, f"engine failed: {getattr(e, 'cause', e)}", type_="engine_error") from None
+        self.metrics.prefill.observe(pre["handoff"]["prefill_s"])
+        gen = self.handles[dec.decode].decode_stream.options(num_returns="streaming").remote(
+            rid, ids, params, pre["handoff"])
+        try:
+            async for d in self._stream(gen, self.cfg.transfer.transfer_timeout_s + sc.token_timeout_s):
+                tel = d.pop("telemetry", None)
+                if tel is not None:
+                    self._record_transfer(tel)
+                yield d
+        except _DEAD as e:
+            raise _WorkerDied(dec.decode, e) from None
+        except ray.exceptions.RayTaskError as e:
+            raise APIError(502, f"decode failed: {getattr(e, 'cause', e)}", type_="kv_transfer_error") from None
 
     def _record_transfer(self, tel: dict) -> None:
         self._transfers.append(tel)

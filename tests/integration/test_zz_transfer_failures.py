@@ -108,3 +108,77 @@ def _try_info(handle):
         return ray.get(handle.info.remote(), timeout=10)
     except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, ray.exceptions.ActorUnavailableError):
         return None
+
+
+def _stream_text(endpoint: str, model: str, prompt: list[int], max_tokens: int, on_chunk=None) -> str:
+    import json
+
+    parts = []
+    with httpx.stream("POST", f"{endpoint}/v1/completions", timeout=180, json={
+            "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            body = json.loads(line[6:])
+            assert "error" not in body, body
+            parts.append(body["choices"][0]["text"])
+            if on_chunk:
+                on_chunk(len(parts))
+    return "".join(parts)
+
+
+def _colocated_text(worker, prompt, max_tokens, rid):
+    params = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+    return "".join(o["text"] for o in _drain(worker.generate_stream.options(num_returns="streaming").remote(
+        rid, prompt, params)))
+
+
+def _settled(workers, n_expected: int) -> None:
+    """After a fault: every engine's KV back to zero, nothing running, the pools at their size."""
+    _wait(lambda: all(_quiet(h) for _, h in workers.values()), 120, "every worker idle with KV freed")
+    assert len(workers) == n_expected
+
+
+def _quiet(handle) -> bool:
+    try:
+        s = ray.get(handle.stats.remote(), timeout=10)
+    except Exception:  # noqa: BLE001 - restarting
+        return False
+    return s.kv_usage == 0 and s.running == 0 and s.waiting == 0
+
+
+def test_decode_killed_mid_stream_migrates_without_a_gap(deployment, workers, colocated_worker):
+    endpoint, model = deployment["endpoint"], deployment["model"]
+    _, d = _role(workers, "decode")
+    _wait(lambda: _try_info(d), 300, "decode worker ready")
+    prompt = _prompt(21, 150)
+    killed = []
+
+    def kill_after(n: int) -> None:
+        if n == 6 and not killed:
+            killed.append(time.monotonic())
+            ray.kill(d, no_restart=False)
+
+    text = _stream_text(endpoint, model, prompt, 40, kill_after)
+    assert killed, "the stream ended before the decode worker could be killed"
+    assert text == _colocated_text(colocated_worker, prompt, 40, "mig-ref")
+    _settled(workers, 2)
+
+
+def test_prefill_killed_mid_prefill_is_retried_and_completes(deployment, workers, colocated_worker):
+    import threading
+
+    endpoint, model = deployment["endpoint"], deployment["model"]
+    _, p = _role(workers, "prefill")
+    _wait(lambda: _try_info(p), 300, "prefill worker ready")
+    prompt = _prompt(33, 900)  # a prefill long enough to be killed in the middle of
+    timer = threading.Timer(0.5, lambda: ray.kill(p, no_restart=False))
+    timer.start()
+    try:
+        text = _stream_text(endpoint, model, prompt, 12)
+    finally:
+        timer.cancel()
+    assert text == _colocated_text(colocated_worker, prompt, 12, "pk-ref")
+    _settled(workers, 2)

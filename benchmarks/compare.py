@@ -1,0 +1,972 @@
+"""Colocated vs disaggregated serving on the same resources: one tool deploys each shape in turn,
+replays the same traffic against both and writes one side-by-side report.
+
+    python -m benchmarks.compare [--model smollm2] [--rates 0.25,0.5,1,2] [--num-requests N | --duration S]
+        [--workload chat|longdoc] [--input-len L --output-len L] [--ttft-slo S --tpot-slo S] [--out DIR]
+
+On CPU the default shapes are 2 colocated engines vs 1 prefill + 1 decode engine. For each mode the
+tool starts an embedded local Ray once, deploys (``cluster.deploy.start``), runs the greedy quality
+check on the committed eval set, runs one benchmark step per rate (same seed, so the same arrivals,
+lengths and prompts in both modes), samples the workers' batch sizes and every process's CPU time
+while it runs, and stops the deployment. Offline vLLM (the quality reference) runs first, in a child
+process. The placement planner's prediction for each shape, from the measured CPU profile and on
+exactly the requests that were sent, is printed next to the measurement.
+
+Outputs under ``--out``: ``report.json`` (everything, summaries only), ``report.md``, ``compare.png``
+(if matplotlib), and ``colocated/``, ``disaggregated/`` (the plain benchmark reports, with every
+per-request record). Exit status: 0; 1 when greedy outputs differ between any two sources (a bug);
+2 bad arguments; 3 a deployment or benchmark failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_PROFILE = REPO / "manifests" / "profiles" / "cpu-smollm2.yaml"
+MODES = ("colocated", "disaggregated")
+SHORT = {"colocated": "colo", "disaggregated": "disagg"}
+QUALITY_SOURCES = ("disaggregated", "colocated", "offline")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pure logic: parsing, side-by-side rows, ratios, errors, tables (unit-tested, no Ray)
+# ---------------------------------------------------------------------------------------------------
+
+def parse_rates(values: Sequence[str]) -> list[float]:
+    """``["0.25,0.5", "1"]`` -> ``[0.25, 0.5, 1.0]``; every rate must be a number > 0."""
+    out: list[float] = []
+    for item in (v.strip() for value in values for v in value.split(",")):
+        if not item:
+            continue
+        try:
+            rate = float(item)
+        except ValueError:
+            raise ValueError(f"--rates {item!r} is not a number; give requests/s, e.g. --rates 0.25,0.5,1") from None
+        if not (rate > 0 and math.isfinite(rate)):
+            raise ValueError(f"--rates {item!r} must be a finite number > 0 requests/s")
+        out.append(rate)
+    if not out:
+        raise ValueError("--rates is empty; give at least one rate in requests/s, e.g. --rates 0.25,0.5,1")
+    return out
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    """num / den; ``inf`` when only den is 0; None when both are 0 or either is missing."""
+    if num is None or den is None:
+        return None
+    if den == 0:
+        return None if num == 0 else math.inf
+    return num / den
+
+
+def prediction_error(predicted: float | None, measured: float | None) -> dict[str, float | None]:
+    """Absolute (predicted - measured) and relative ((predicted - measured) / measured) error."""
+    if predicted is None or measured is None:
+        return {"abs": None, "rel": None}
+    return {"abs": predicted - measured, "rel": ratio(predicted - measured, measured) if measured else None}
+
+
+def metrics_of(summary: dict[str, Any]) -> dict[str, Any]:
+    """The numbers the comparison shows, from a ``RateSummary.to_dict()``."""
+    def lat(name: str, p: str) -> float | None:
+        return (summary.get(name) or {}).get(p)
+
+    return {
+        "rate": summary["rate"], "sent": summary["sent"], "succeeded": summary["succeeded"],
+        "errors": sum(summary.get("errors", {}).values()) + summary.get("rejected_429", 0),
+        "ttft_p50": lat("ttft", "p50"), "ttft_p90": lat("ttft", "p90"), "ttft_p99": lat("ttft", "p99"),
+        "itl_p50": lat("itl", "p50"), "itl_p90": lat("itl", "p90"), "itl_p99": lat("itl", "p99"),
+        "tpot_p50": lat("tpot", "p50"), "tpot_p90": lat("tpot", "p90"), "tpot_p99": lat("tpot", "p99"),
+        "e2e_p50": lat("e2e", "p50"), "attainment": summary["attainment"], "slo_met": summary["slo_met"],
+        "goodput_rps": summary["goodput_rps"], "goodput_tok_s": summary["goodput_tok_s"],
+        "output_tok_s": summary["output_tok_s"], "duration_s": summary["duration_s"],
+        "max_send_lag_s": summary["max_send_lag_s"],
+    }
+
+
+def side_by_side(colocated: Sequence[dict[str, Any]], disaggregated: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per rate (in colocated's order) from two lists of ``RateSummary`` dicts matched by rate.
+
+    Each row: ``rate``, ``colocated`` and ``disaggregated`` (``metrics_of``), ``goodput_ratio``
+    (disaggregated / colocated goodput), ``attainment_delta`` (disaggregated - colocated) and
+    ``winner`` ("disaggregated", "colocated" or "tie" on goodput)."""
+    by_rate = {d["rate"]: d for d in disaggregated}
+    if len(by_rate) != len(disaggregated) or len({c["rate"] for c in colocated}) != len(colocated):
+        raise ValueError("each rate must appear once per mode")
+    if set(by_rate) != {c["rate"] for c in colocated}:
+        raise ValueError(f"the modes ran different rates: colocated {[c['rate'] for c in colocated]}, "
+                         f"disaggregated {[d['rate'] for d in disaggregated]}")
+    rows = []
+    for c in colocated:
+        mc, md = metrics_of(c), metrics_of(by_rate[c["rate"]])
+        gc, gd = mc["goodput_rps"], md["goodput_rps"]
+        winner = "tie" if math.isclose(gc, gd, rel_tol=1e-9, abs_tol=1e-12) else (
+            "disaggregated" if gd > gc else "colocated")
+        rows.append({"rate": c["rate"], "colocated": mc, "disaggregated": md, "goodput_ratio": ratio(gd, gc),
+                     "attainment_delta": md["attainment"] - mc["attainment"], "winner": winner})
+    return rows
+
+
+def slo_capacity(rates: Sequence[float], attainments: Sequence[float], target: float) -> float | None:
+    """The highest rate up to which every tested rate (ascending) met ``target`` attainment; None if
+    even the lowest missed it."""
+    best = None
+    for rate, att in sorted(zip(rates, attainments, strict=True)):
+        if att + 1e-12 < target:
+            break
+        best = rate
+    return best
+
+
+def nearest_rank(values: Sequence[float], p: float) -> float | None:
+    from benchmarks.stats import percentile
+
+    return percentile(values, p) if values else None
+
+
+def sim_summary(records: Sequence[Any], ttft_slo: float, tpot_slo: float) -> dict[str, Any]:
+    """Predicted figures from simulator records (``placement.sim_result.RequestRecord``), with the
+    benchmark's definitions: nearest-rank percentiles, attainment over all requests, goodput = met
+    requests / (first arrival to last finish)."""
+    done = [r for r in records if not r.rejected]
+    ttfts = [r.ttft_s for r in done]
+    tpots = [r.tpot_s for r in done]
+    met = [r for r in done if r.ttft_s <= ttft_slo and r.tpot_s <= tpot_slo]
+    span = (max(r.finish_s for r in done) - min(r.arrival_s for r in records)) if done else 0.0
+    return {
+        "requests": len(records), "rejected": len(records) - len(done),
+        "ttft_p50": nearest_rank(ttfts, 50), "ttft_p90": nearest_rank(ttfts, 90), "ttft_p99": nearest_rank(ttfts, 99),
+        "tpot_p50": nearest_rank(tpots, 50), "tpot_p90": nearest_rank(tpots, 90), "tpot_p99": nearest_rank(tpots, 99),
+        "attainment": len(met) / len(records) if records else 0.0,
+        "goodput_rps": len(met) / span if span > 0 else 0.0,
+    }
+
+
+PLANNER_KEYS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "attainment", "goodput_rps")
+
+
+def planner_rows(predicted: dict[str, dict[float, dict[str, Any]]], measured: dict[str, dict[float, dict[str, Any]]]
+                 ) -> list[dict[str, Any]]:
+    """Per (rate, mode): predicted, measured and error of each of ``PLANNER_KEYS``.
+
+    ``predicted[mode][rate]`` is a ``sim_summary``, ``measured[mode][rate]`` a ``metrics_of`` dict."""
+    rows = []
+    for mode in MODES:
+        for rate in sorted(set(predicted.get(mode, {})) & set(measured.get(mode, {}))):
+            p, m = predicted[mode][rate], measured[mode][rate]
+            rows.append({"rate": rate, "mode": mode,
+                         "predicted": {k: p.get(k) for k in PLANNER_KEYS},
+                         "measured": {k: m.get(k) for k in PLANNER_KEYS},
+                         "error": {k: prediction_error(p.get(k), m.get(k)) for k in PLANNER_KEYS}})
+    return sorted(rows, key=lambda r: (r["rate"], MODES.index(r["mode"])))
+
+
+def fmt_ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f}"
+
+
+def fmt_pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0%}"
+
+
+def fmt_ratio(v: float | None) -> str:
+    if v is None:
+        return "n/a (both 0)"
+    if math.isinf(v):
+        return "inf (colocated 0)"
+    return f"{v:.2f}x"
+
+
+def fmt_rel(v: float | None) -> str:
+    return "-" if v is None else ("inf" if math.isinf(v) else f"{v:+.0%}")
+
+
+def md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def goodput_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The headline table: attainment and goodput of both modes per rate, and the ratio."""
+    body = []
+    for r in rows:
+        c, d = r["colocated"], r["disaggregated"]
+        body.append([f"{r['rate']:g}", fmt_pct(c["attainment"]), fmt_pct(d["attainment"]),
+                     f"{c['goodput_rps']:.3f}", f"{d['goodput_rps']:.3f}", fmt_ratio(r["goodput_ratio"]),
+                     r["winner"]])
+    return md_table(["rate req/s", "attain colo", "attain disagg", "goodput colo req/s", "goodput disagg req/s",
+                     "ratio disagg/colo", "better"], body)
+
+
+def latency_table(rows: Sequence[dict[str, Any]]) -> str:
+    """TTFT and ITL p50/p90/p99, TPOT p50/p90 (ms) per rate and mode."""
+    body = []
+    for r in rows:
+        for mode in MODES:
+            m = r[mode]
+            body.append([f"{r['rate']:g}", mode,
+                         f"{fmt_ms(m['ttft_p50'])} / {fmt_ms(m['ttft_p90'])} / {fmt_ms(m['ttft_p99'])}",
+                         f"{fmt_ms(m['itl_p50'])} / {fmt_ms(m['itl_p90'])} / {fmt_ms(m['itl_p99'])}",
+                         f"{fmt_ms(m['tpot_p50'])} / {fmt_ms(m['tpot_p90'])}", fmt_ms(m["e2e_p50"]),
+                         f"{m['succeeded']}/{m['sent']}", f"{m['output_tok_s']:.1f}", fmt_ms(m["max_send_lag_s"])])
+    return md_table(["rate", "mode", "TTFT p50/p90/p99 ms", "ITL p50/p90/p99 ms", "TPOT p50/p90 ms", "e2e p50 ms",
+                     "ok/sent", "out tok/s", "max send lag ms"], body)
+
+
+def planner_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Predicted vs measured, with the relative error (attainment: the difference in points)."""
+    body = []
+    for r in rows:
+        p, m, e = r["predicted"], r["measured"], r["error"]
+        cells = [f"{r['rate']:g}", r["mode"]]
+        for k in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"):
+            cells.append(f"{fmt_ms(p[k])} vs {fmt_ms(m[k])} ({fmt_rel(e[k]['rel'])})")
+        att = e["attainment"]["abs"]
+        cells.append(f"{fmt_pct(p['attainment'])} vs {fmt_pct(m['attainment'])} "
+                     f"({'-' if att is None else f'{att * 100:+.0f} pt'})")
+        cells.append(f"{p['goodput_rps']:.3f} vs {m['goodput_rps']:.3f} ({fmt_rel(e['goodput_rps']['rel'])})")
+        body.append(cells)
+    return md_table(["rate", "mode", "TTFT p50 ms pred vs meas (err)", "TTFT p90", "TPOT p50", "TPOT p90",
+                     "attainment", "goodput req/s"], body)
+
+
+def quality_table(comparisons: Sequence[dict[str, Any]]) -> str:
+    body = []
+    for c in comparisons:
+        diffs = [p for p in c["prompts"] if not p["match"]]
+        first = ", ".join(f"{p['id']}@{p['unit']} {p['first_divergence']}" for p in diffs[:6]) or "-"
+        if len(diffs) > 6:
+            first += f", ... ({len(diffs)} in all)"
+        body.append([f"{c['a']} vs {c['b']}", f"{c['exact_match_rate']:.0%} "
+                     f"({sum(p['match'] for p in c['prompts'])}/{len(c['prompts'])})", first])
+    return md_table(["comparison", "exact match", "first divergent token (prompt@index)"], body)
+
+
+def parse_cpu_model(cpuinfo: str) -> str:
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            return value.strip()
+    return "unknown"
+
+
+def parse_mem_total_gib(meminfo: str) -> float | None:
+    for line in meminfo.splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) / 2**20
+    return None
+
+
+def classify_process(cmdline: str, pid: int, self_pid: int) -> str:
+    """Component name of one of our processes (workers are attributed separately, by PID tree)."""
+    if pid == self_pid:
+        return "driver + load client"
+    if "ServeReplica" in cmdline or "ProxyActor" in cmdline or "ServeController" in cmdline:
+        return "serve (ingress, proxy, controller)"
+    if "PoolController" in cmdline:
+        return "pool controller"
+    return "ray system (gcs, raylet, agents, idle workers)"
+
+
+def cpu_breakdown(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                  wall_s: float) -> dict[str, float]:
+    """Cores used per component over ``wall_s``: sum of CPU-second deltas / wall. Processes that
+    appear only in ``after`` count from 0 (started during the step)."""
+    used: dict[str, float] = {}
+    for pid, (group, cpu) in after.items():
+        prev = before.get(pid)
+        delta = cpu - (prev[1] if prev and prev[0] == group else 0.0)
+        used[group] = used.get(group, 0.0) + max(0.0, delta)
+    return {g: round(v / wall_s, 3) for g, v in sorted(used.items())} if wall_s > 0 else {}
+
+
+def worker_load(samples: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per worker from ``/v1/stats`` samples: mean/max running batch over samples where it was busy,
+    busy fraction of samples, mean waiting, median recent step time."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for s in samples:
+        for w in s.get("workers", []):
+            by.setdefault(w["worker_id"], []).append(w)
+    out = {}
+    for wid, ws in sorted(by.items()):
+        busy = [w for w in ws if w.get("running", 0) > 0]
+        steps = sorted(t for w in busy for t in w.get("recent_step_times_s", []) or [])
+        out[wid] = {
+            "role": ws[0].get("role"), "samples": len(ws), "busy_fraction": len(busy) / len(ws),
+            "mean_running_when_busy": (sum(w["running"] for w in busy) / len(busy)) if busy else 0.0,
+            "max_running": max((w.get("running", 0) for w in ws), default=0),
+            "mean_waiting": sum(w.get("waiting", 0) for w in ws) / len(ws),
+            "median_step_s": steps[len(steps) // 2] if steps else None,
+        }
+    return out
+
+
+def json_safe(obj: Any) -> Any:
+    """inf/nan -> strings so report.json stays valid JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def findings(rows: Sequence[dict[str, Any]], resources: dict[str, dict[float, dict[str, Any]]],
+             slo: dict[str, float], target: float) -> list[str]:
+    """Plain statements computed from the measurements: where each mode won, where colocated
+    missed the SLO and disaggregated did not, and the mechanisms (batch per engine, CPU per role)."""
+    out = []
+    rates = [r["rate"] for r in rows]
+    caps = {m: slo_capacity(rates, [r[m]["attainment"] for r in rows], target) for m in MODES}
+    out.append("highest rate with every tested rate up to it at >= "
+               f"{target:.0%} attainment: colocated {caps['colocated'] if caps['colocated'] is not None else 'none'}"
+               f" req/s, disaggregated {caps['disaggregated'] if caps['disaggregated'] is not None else 'none'} req/s")
+    wins = [r for r in rows if r["winner"] == "disaggregated"]
+    losses = [r for r in rows if r["winner"] == "colocated"]
+    def listing(rs: Sequence[dict[str, Any]]) -> str:
+        return ", ".join(f"{r['rate']:g}" for r in rs) or "none"
+
+    out.append(f"goodput: disaggregated higher at {len(wins)} of {len(rows)} rates ({listing(wins)}), "
+               f"colocated higher at {len(losses)} ({listing(losses)})")
+    for r in rows:
+        c, d = r["colocated"], r["disaggregated"]
+        parts = [f"rate {r['rate']:g}: goodput ratio {fmt_ratio(r['goodput_ratio'])}; "
+                 f"TTFT p90 {fmt_ms(c['ttft_p90'])} -> {fmt_ms(d['ttft_p90'])} ms, "
+                 f"TPOT p90 {fmt_ms(c['tpot_p90'])} -> {fmt_ms(d['tpot_p90'])} ms, "
+                 f"ITL p99 {fmt_ms(c['itl_p99'])} -> {fmt_ms(d['itl_p99'])} ms (colocated -> disaggregated)"]
+        if c["tpot_p90"] is not None and c["tpot_p90"] > slo["tpot_s"] and (
+                d["tpot_p90"] is not None and d["tpot_p90"] <= slo["tpot_s"]):
+            parts.append(f"colocated misses the {slo['tpot_s'] * 1000:g} ms TPOT target at p90, disaggregated meets it")
+        if c["ttft_p90"] is not None and d["ttft_p90"] is not None and d["ttft_p90"] > slo["ttft_s"] >= c["ttft_p90"]:
+            parts.append(f"disaggregated misses the {slo['ttft_s']:g} s TTFT target at p90, colocated meets it")
+        for mode in MODES:
+            res = resources.get(mode, {}).get(r["rate"])
+            if not res:
+                continue
+            loads = res.get("workers", {})
+            batch = ", ".join(f"{w} {v['mean_running_when_busy']:.1f} (busy {v['busy_fraction']:.0%})"
+                              for w, v in loads.items())
+            cores = res.get("cpu_cores", {})
+            eng = sum(v for k, v in cores.items() if k.startswith("engine "))
+            other = res.get("machine_other_cores")
+            parts.append(f"{SHORT[mode]}: mean running batch when busy {batch or '-'}; cores: engines {eng:.2f} ("
+                         + ", ".join(f"{k[7:]} {v:.2f}" for k, v in cores.items() if k.startswith("engine "))
+                         + f"), rest of ours {sum(cores.values()) - eng:.2f}"
+                         + ("" if other is None else f", not ours {other:.2f}"))
+        out.append("; ".join(parts))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Environment facts
+# ---------------------------------------------------------------------------------------------------
+
+def machine_info() -> dict[str, Any]:
+    def read(path: str) -> str:
+        try:
+            return Path(path).read_text()
+        except OSError:
+            return ""
+
+    mem = parse_mem_total_gib(read("/proc/meminfo"))
+    return {"nproc": os.cpu_count(), "memory_gib": None if mem is None else round(mem, 1),
+            "cpu_model": parse_cpu_model(read("/proc/cpuinfo")), "loadavg": read("/proc/loadavg").split()[:3],
+            "platform": sys.platform}
+
+
+def git_commit() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10,
+                                  check=False).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    status = git("status", "--porcelain")
+    return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(status),
+            "dirty_files": len(status.splitlines())}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Process CPU accounting and worker sampling
+# ---------------------------------------------------------------------------------------------------
+
+_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_table() -> dict[int, tuple[int, float, str]]:
+    """pid -> (ppid, cpu seconds, cmdline) of every readable process."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            rest = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+        except (OSError, IndexError):
+            continue
+        out[int(d.name)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / _TCK, cmd)
+    return out
+
+
+def _machine_busy_s() -> float:
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    v = [int(x) for x in fields]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return (sum(v[:8]) - idle) / _TCK
+
+
+def cpu_snapshot(workers: dict[int, str]) -> tuple[dict[int, tuple[str, float]], float]:
+    """({pid: (component, cpu seconds)} of this process and its descendants, machine busy seconds).
+
+    ``workers`` maps a worker actor's PID to its component name; its descendants (vLLM's EngineCore)
+    count toward it."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    me = os.getpid()
+    owner: dict[int, str] = {}
+    for wpid, name in workers.items():
+        todo = [wpid]
+        while todo:
+            p = todo.pop()
+            owner[p] = name
+            todo.extend(children.get(p, []))
+    out: dict[int, tuple[str, float]] = {}
+    todo = [me]
+    while todo:
+        p = todo.pop()
+        todo.extend(children.get(p, []))
+        if p in table:
+            out[p] = (owner.get(p) or classify_process(table[p][2], p, me), table[p][1])
+    return out, _machine_busy_s()
+
+
+class StatsSampler:
+    """Polls ``GET /v1/stats`` every ``interval_s`` in a thread (bounded: each call times out)."""
+
+    def __init__(self, endpoint: str, interval_s: float = 1.0) -> None:
+        self.url = endpoint.rstrip("/") + "/v1/stats"
+        self.interval_s = interval_s
+        self.samples: list[dict[str, Any]] = []
+        self.last: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="stats-sampler", daemon=True)
+
+    def _loop(self) -> None:
+        import httpx
+
+        with httpx.Client(timeout=3.0, trust_env=False) as client:
+            while not self._stop.is_set():
+                try:
+                    body = client.get(self.url).json()
+                    self.samples.append({"t": time.monotonic(), "workers": body.get("workers", [])})
+                    self.last = body
+                except (httpx.HTTPError, ValueError) as exc:
+                    logger.debug("stats sample failed: %s", exc)
+                self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> StatsSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def transfers(self) -> list[dict[str, Any]]:
+        import httpx
+
+        try:
+            return httpx.get(self.url, timeout=5.0, trust_env=False).json().get("transfers", [])
+        except (httpx.HTTPError, ValueError):
+            return []
+
+
+def transfer_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    if not records:
+        return {"count": 0}
+    waits = [r["transfer_wait_s"] for r in records]
+    hand = [r["handoff_latency_s"] for r in records]
+    outcomes: dict[str, int] = {}
+    for r in records:
+        outcomes[r.get("outcome", "?")] = outcomes.get(r.get("outcome", "?"), 0) + 1
+    return {"count": len(records), "outcomes": outcomes, "transfer_wait_p50_s": nearest_rank(waits, 50),
+            "transfer_wait_p90_s": nearest_rank(waits, 90), "handoff_p50_s": nearest_rank(hand, 50),
+            "kv_bytes_mean": sum(r["kv_bytes"] for r in records) / len(records),
+            "decode_computed_prompt_tokens_max": max(r.get("decode_computed_prompt_tokens", 0) for r in records)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------------
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.compare", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = p.add_argument
+    a("--model", default="smollm2", help="engine.model: smollm2, tiny-llama or a local HF dir")
+    a("--rates", nargs="+", default=["0.25,0.5,1,2"], help="requests/s, e.g. 0.25,0.5,1,2")
+    a("--num-requests", type=int, help="requests per rate step (upper bound)")
+    a("--duration", type=float, help="seconds of arrivals per rate step (upper bound)")
+    a("--workload", default="chat", choices=("chat", "longdoc"))
+    a("--input-len", type=int, help="chat: median input tokens (256); longdoc: input tokens (1536)")
+    a("--output-len", type=int, help="chat: median output tokens (64); longdoc: output tokens (32)")
+    a("--sigma", type=float, default=0.6, help="chat: lognormal sigma of both lengths")
+    a("--ttft-slo", type=float, default=2.0, help="TTFT target, seconds")
+    a("--tpot-slo", type=float, default=0.1, help="TPOT target, seconds per output token")
+    a("--attainment-target", type=float, default=0.9, help="attainment a rate must reach to count as sustained")
+    a("--colocated", type=int, default=2, help="colocated engines")
+    a("--prefill", type=int, default=1, help="prefill engines (disaggregated)")
+    a("--decode", type=int, default=1, help="decode engines (disaggregated)")
+    a("--max-model-len", type=int, default=2048)
+    a("--kv-cache-mib", type=int, default=256, help="KV cache per engine (the profile was measured at 256)")
+    a("--policy", default="least_loaded", choices=("least_loaded", "round_robin", "goodput"), help="router policy")
+    a("--port", type=int, help="Serve HTTP port for both modes (default: a free port)")
+    a("--modes", default="colocated,disaggregated", help="modes to run, in order")
+    a("--profile", default=str(DEFAULT_PROFILE), help="measured profile for the planner check")
+    a("--seed", type=int, default=0)
+    a("--request-timeout", type=float, default=120.0, help="seconds per request")
+    a("--no-quality", action="store_true", help="skip the greedy-output comparison")
+    a("--no-offline", action="store_true", help="quality: skip offline vLLM (endpoints only)")
+    a("--offline-timeout", type=float, default=420.0, help="seconds for the offline vLLM quality run")
+    a("--out", help="directory for report.json, report.md, compare.png and the per-mode reports")
+    a("--no-progress", action="store_true")
+    a("-v", "--verbose", action="store_true")
+    return p
+
+
+def check_args(args: argparse.Namespace) -> tuple[list[float], list[str]]:
+    rates = parse_rates(args.rates)
+    if args.num_requests is None and args.duration is None:
+        raise ValueError("give --num-requests N and/or --duration S to bound each rate step")
+    for flag, v in (("--num-requests", args.num_requests), ("--duration", args.duration),
+                    ("--ttft-slo", args.ttft_slo), ("--tpot-slo", args.tpot_slo),
+                    ("--request-timeout", args.request_timeout), ("--input-len", args.input_len),
+                    ("--output-len", args.output_len)):
+        if v is not None and not v > 0:
+            raise ValueError(f"{flag} {v} must be > 0")
+    if not 0 < args.attainment_target <= 1:
+        raise ValueError(f"--attainment-target {args.attainment_target} must be in (0, 1]")
+    for flag, v in (("--colocated", args.colocated), ("--prefill", args.prefill), ("--decode", args.decode)):
+        if v < 1:
+            raise ValueError(f"{flag} {v} must be >= 1")
+    if args.colocated != args.prefill + args.decode:
+        logger.warning("--colocated %d != --prefill %d + --decode %d: the shapes do not use the same resources",
+                       args.colocated, args.prefill, args.decode)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes) or len(set(modes)) != len(modes):
+        raise ValueError(f"--modes {args.modes!r}: a comma list of distinct modes from {', '.join(MODES)}")
+    if not Path(args.profile).is_file():
+        raise ValueError(f"--profile {args.profile!r} does not exist")
+    return rates, modes
+
+
+def make_workload(args: argparse.Namespace):
+    from benchmarks.workload import ChatWorkload, LongDocWorkload
+
+    if args.workload == "longdoc":
+        return LongDocWorkload(args.input_len or 1536, args.output_len or 32)
+    return ChatWorkload(args.input_len or 256, args.sigma, args.output_len or 64, args.sigma)
+
+
+def deploy_config(args: argparse.Namespace, mode: str, port: int) -> dict[str, Any]:
+    pools = {"colocated": args.colocated} if mode == "colocated" else {"prefill": args.prefill, "decode": args.decode}
+    return {"name": f"cmp-{SHORT[mode]}", "mode": mode,
+            "engine": {"model": args.model, "max_model_len": args.max_model_len, "kv_cache_mib": args.kv_cache_mib},
+            "pools": pools, "serve": {"port": port, "request_timeout_s": max(300.0, args.request_timeout)},
+            "router": {"policy": args.policy}, "ray": {"namespace": "saaf-compare"}}
+
+
+def predict_all(args: argparse.Namespace, rates: Sequence[float], workload: Any) -> tuple[dict, dict]:
+    """The planner's prediction for each shape and rate on exactly the requests the benchmark sends."""
+    from benchmarks.workload import build_requests
+    from placement.latency import LatencyModel
+    from placement.simulator import simulate_colocated, simulate_disaggregated
+    from placement.workload import Request
+
+    lat = LatencyModel.from_profile(args.profile)
+    pred: dict[str, dict[float, dict[str, Any]]] = {m: {} for m in MODES}
+    lens: dict[float, dict[str, float]] = {}
+    for rate in rates:
+        specs = build_requests(workload, rate, args.num_requests, args.duration, 1.0, args.seed, args.max_model_len)
+        reqs = [Request(s.arrival_s, s.input_len, s.output_len) for s in specs]
+        lens[rate] = {"requests": len(specs), "mean_input": sum(s.input_len for s in specs) / len(specs),
+                      "mean_output": sum(s.output_len for s in specs) / len(specs),
+                      "arrivals_s": round(specs[-1].arrival_s, 2)}
+        colo = simulate_colocated(lat, args.colocated, reqs)
+        dis = simulate_disaggregated(lat, lat, args.prefill, args.decode, reqs, same_node=True)
+        pred["colocated"][rate] = sim_summary(colo.records, args.ttft_slo, args.tpot_slo)
+        pred["disaggregated"][rate] = sim_summary(dis.records, args.ttft_slo, args.tpot_slo)
+    return pred, lens
+
+
+def offline_quality(model: str, max_model_len: int, timeout_s: float, scratch: Path) -> list[dict[str, Any]]:
+    """Offline vLLM greedy outputs of the eval set, in a child process (bounded, its memory freed after)."""
+    out = scratch / "offline-greedy.json"
+    code = ("import json, sys; from dataclasses import asdict; from benchmarks.quality import load_evalset, "
+            "offline_greedy; from engine.models import resolve_model; "
+            f"r = offline_greedy(resolve_model({model!r}), load_evalset(), max_model_len={max_model_len}); "
+            f"open({str(out)!r}, 'w').write(json.dumps([asdict(o) for o in r]))")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        raise RuntimeError(f"offline vLLM did not finish within {timeout_s:.0f} s") from None
+    if proc.returncode != 0 or not out.is_file():
+        raise RuntimeError(f"offline vLLM failed (exit {proc.returncode}): {err[-800:]}")
+    data = json.loads(out.read_text())
+    out.unlink()
+    return data
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_mode(args: argparse.Namespace, mode: str, port: int, rates: Sequence[float], workload: Any,
+             out_dir: Path | None, progress: Callable | None) -> dict[str, Any]:
+    """Deploy one shape, check quality, run every rate, stop it. Returns its part of the report."""
+    from benchmarks.quality import endpoint_greedy, load_evalset
+    from benchmarks.report import write_report
+    from benchmarks.serve import run_benchmark
+    from benchmarks.stats import SLO
+    from cluster import deploy
+    from cluster.config import parse_config
+
+    cfg = parse_config(deploy_config(args, mode, port), f"{mode} config")
+    t0 = time.monotonic()
+    print(f"[{mode}] deploying {cfg.pools} ...", flush=True)
+    info = deploy.start(cfg, ready_timeout_s=300)
+    part: dict[str, Any] = {"config": deploy_config(args, mode, port), "startup_s": round(info["startup_s"], 1),
+                            "workers": [{k: w.get(k) for k in ("worker_id", "role", "engine_id", "pid",
+                                                               "kv_capacity_tokens")} for w in info["workers"]]}
+    try:
+        endpoint, model = info["endpoint"], info["model"]
+        print(f"[{mode}] ready in {info['startup_s']:.1f} s at {endpoint} (model {model!r})", flush=True)
+        if not args.no_quality:
+            tq = time.monotonic()
+            outs = endpoint_greedy(endpoint, model, load_evalset(), timeout_s=args.request_timeout)
+            part["quality_outputs"] = [asdict(o) for o in outs]
+            part["quality_s"] = round(time.monotonic() - tq, 1)
+            print(f"[{mode}] greedy eval set done in {part['quality_s']} s", flush=True)
+        workers = {w["pid"]: f"engine {w['worker_id']}" for w in info["workers"] if w.get("pid")}
+        steps, resources, seen = [], {}, set()
+        result = None
+        for i, rate in enumerate(rates):
+            with StatsSampler(endpoint) as sampler:
+                before, busy0 = cpu_snapshot(workers)
+                w0 = time.monotonic()
+                res = run_benchmark(endpoint, model, workload, [rate], num_requests=args.num_requests,
+                                    duration_s=args.duration, slo=SLO(args.ttft_slo, args.tpot_slo),
+                                    seed=args.seed, request_timeout_s=args.request_timeout,
+                                    max_total_len=args.max_model_len, warmup_requests=2 if i == 0 else 0,
+                                    progress=progress)
+                wall = time.monotonic() - w0
+                after, busy1 = cpu_snapshot(workers)
+            cores = cpu_breakdown(before, after, wall)
+            tel = [t for t in sampler.transfers() if t.get("request_id") not in seen]
+            seen.update(t.get("request_id") for t in tel)
+            resources[rate] = {"wall_s": round(wall, 2), "cpu_cores": cores,
+                               "machine_busy_cores": round((busy1 - busy0) / wall, 3),
+                               "machine_other_cores": round(max(0.0, (busy1 - busy0) / wall - sum(cores.values())), 3),
+                               "workers": worker_load(sampler.samples), "transfers": transfer_summary(tel)}
+            if result is None:
+                result = res
+            else:
+                result.steps += res.steps
+                result.finished_at = res.finished_at
+            steps.append(res.steps[0].summary.to_dict())
+            s = res.steps[0].summary
+            print(f"[{mode}] rate {rate:g}: attainment {s.attainment:.0%}, goodput {s.goodput_rps:.3f} req/s, "
+                  f"TTFT p90 {fmt_ms(s.ttft.p90)} ms, TPOT p90 {fmt_ms(s.tpot.p90)} ms, cores {cores}", flush=True)
+        assert result is not None
+        result.config["rates"] = list(rates)
+        result.command = f"python -m benchmarks.compare (mode {mode}; see ../report.md)"
+        if out_dir is not None:
+            write_report(result, out_dir / mode)
+        part.update(steps=steps, resources=resources, endpoint=endpoint, model=model,
+                    benchmark_config=result.config, environment=result.environment)
+    finally:
+        print(f"[{mode}] stopping ...", flush=True)
+        deploy.stop(info["config"])
+        part["mode_s"] = round(time.monotonic() - t0, 1)
+    return part
+
+
+def quality_comparisons(outputs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    from benchmarks.quality import GreedyOutput, compare
+
+    srcs = {k: [GreedyOutput(o["id"], o["text"], o["token_ids"]) for o in v] for k, v in outputs.items()}
+    names = [n for n in QUALITY_SOURCES if n in srcs]
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    return [asdict(compare(srcs[a], srcs[b], a, b)) for a, b in pairs]
+
+
+def plot(rows: Sequence[dict[str, Any]], slo: dict[str, float], out_dir: Path) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.warning("matplotlib is not installed: skipping compare.png")
+        return []
+    xs = [r["rate"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for mode, style in (("colocated", "o-"), ("disaggregated", "s--")):
+        axes[0].plot(xs, [r[mode]["attainment"] * 100 for r in rows], style, label=mode)
+        axes[1].plot(xs, [r[mode]["goodput_rps"] for r in rows], style, label=mode)
+        axes[2].plot(xs, [(r[mode]["tpot_p90"] or 0) * 1000 for r in rows], style, label=f"{mode} TPOT p90")
+        axes[2].plot(xs, [(r[mode]["ttft_p90"] or 0) * 1000 for r in rows], style, alpha=0.4,
+                     label=f"{mode} TTFT p90")
+    axes[0].set_ylabel("SLO attainment %")
+    axes[0].set_ylim(0, 105)
+    axes[1].set_ylabel("goodput req/s")
+    axes[2].set_ylabel("ms (log)")
+    axes[2].set_yscale("log")
+    axes[2].axhline(slo["tpot_s"] * 1000, color="grey", lw=0.8, ls=":")
+    axes[2].axhline(slo["ttft_s"] * 1000, color="grey", lw=0.8, ls="-.")
+    for ax in axes:
+        ax.set_xlabel("offered rate req/s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"colocated vs disaggregated (TTFT <= {slo['ttft_s']:g} s, TPOT <= {slo['tpot_s'] * 1000:g} ms)")
+    fig.tight_layout()
+    fig.savefig(out_dir / "compare.png", dpi=100)
+    plt.close(fig)
+    return ["compare.png"]
+
+
+def resources_table(rows: Sequence[dict[str, Any]], resources: dict[str, dict[float, dict[str, Any]]]) -> str:
+    body = []
+    for r in rows:
+        for mode in MODES:
+            res = resources.get(mode, {}).get(r["rate"])
+            if not res:
+                continue
+            cores = res["cpu_cores"]
+            eng = {k[7:]: v for k, v in cores.items() if k.startswith("engine ")}
+            rest = {k: v for k, v in cores.items() if not k.startswith("engine ")}
+            loads = res["workers"]
+            tr = res["transfers"]
+            body.append([
+                f"{r['rate']:g}", mode,
+                ", ".join(f"{k} {v:.2f}" for k, v in eng.items()),
+                ", ".join(f"{k.split(' ')[0]} {v:.2f}" for k, v in rest.items()),
+                f"{res['machine_other_cores']:.2f}",
+                ", ".join(f"{w} {v['mean_running_when_busy']:.1f}/{v['max_running']} ({v['busy_fraction']:.0%})"
+                          for w, v in loads.items()),
+                ", ".join(f"{w} {fmt_ms(v['median_step_s'])}" for w, v in loads.items()),
+                "-" if not tr.get("count") else
+                f"{tr['count']} ({tr['outcomes']}), wait p50/p90 {fmt_ms(tr['transfer_wait_p50_s'])}/"
+                f"{fmt_ms(tr['transfer_wait_p90_s'])} ms",
+            ])
+    return md_table(["rate", "mode", "engine cores (worker+EngineCore)", "other cores of ours", "cores not ours",
+                     "running batch mean-when-busy/max (busy %)", "median step ms", "KV transfers"], body)
+
+
+def to_markdown(report: dict[str, Any], plots: Sequence[str]) -> str:
+    mach, slo, w = report["machine"], report["slo"], report["workload"]
+    md = [f"# Colocated vs disaggregated: {report['model']} on {mach['nproc']} CPU cores", "",
+          "Reproduce with:", "", "```", report["command"], "```", "",
+          f"- date: {report['started_at']} to {report['finished_at']} (UTC), {report['runtime_s']:.0f} s in all",
+          f"- machine: {mach['nproc']} cores ({mach['cpu_model']}), {mach['memory_gib']} GiB RAM, load average at "
+          f"start {' '.join(mach['loadavg'])}, at end {' '.join(report['machine_end']['loadavg'])}; shared with "
+          "other work (see `cores not ours` below)",
+          f"- git commit: `{report['git']['commit']}`" + (" (working tree had uncommitted changes)"
+                                                         if report["git"]["dirty"] else ""),
+          f"- shapes on the same {report['shapes']['colocated']['engines']} engines: colocated "
+          f"{report['shapes']['colocated']['pools']} vs disaggregated {report['shapes']['disaggregated']['pools']}; "
+          f"router `{report['policy']}`; engine: max_model_len {report['engine']['max_model_len']}, "
+          f"KV {report['engine']['kv_cache_mib']} MiB, 1 OMP thread",
+          f"- workload: `{json.dumps(w)}`, Poisson arrivals, seed {report['seed']}, at most "
+          f"{report['num_requests'] or 'unbounded'} requests / {report['duration_s'] or 'unbounded'} s of arrivals "
+          "per rate; the same requests (lengths, prompts, scaled arrival times) in both modes",
+          f"- SLO: TTFT <= {slo['ttft_s']:g} s and TPOT <= {slo['tpot_s'] * 1000:g} ms per request; attainment = "
+          "met / sent; goodput = met requests / step duration",
+          "", "## Goodput", "", goodput_table(report["rows"]), ""]
+    caps = report["slo_capacity"]
+    md += [f"Highest rate sustained at >= {report['attainment_target']:.0%} attainment (every tested rate up to "
+           f"it): colocated {caps['colocated']} req/s, disaggregated {caps['disaggregated']} req/s; "
+           f"ratio {fmt_ratio(ratio(caps['disaggregated'], caps['colocated']))}.", "",
+           "## Latency (ms; nearest-rank percentiles)", "", latency_table(report["rows"]), "",
+           "## Planner check", "",
+           f"The placement simulator with the measured profile `{report['planner']['profile']}` on exactly the "
+           "requests sent (same arrivals and lengths), predicted vs measured, error = (predicted - measured) / "
+           "measured (attainment: predicted - measured, in points).", "",
+           planner_table(report["planner"]["rows"]), ""]
+    q = report.get("quality")
+    md += ["## Quality: greedy outputs", ""]
+    if not q:
+        md += ["Not run (--no-quality).", ""]
+    else:
+        md += [f"The {q['prompts']} prompts of `benchmarks/evalset/prompts.jsonl`, temperature 0, one at a time, "
+               "token ids compared.", "", quality_table(q["comparisons"]), ""]
+        md += ["**All sources agree token for token.**" if q["all_match"] else
+               "**DIFFERENCE: greedy outputs differ between sources. This is a bug to report to the lead.**", ""]
+        if q.get("offline_error"):
+            md += [f"Offline vLLM could not run: {q['offline_error']}", ""]
+    md += ["## Where the CPU went", "",
+           "Per rate step: cores used (CPU-seconds / step wall time) by each engine (Ray actor + its vLLM "
+           "EngineCore), by the rest of this run's processes (driver = load client, Serve, Ray), and by "
+           "processes not ours (other work on the box); the workers' running batch from `/v1/stats` sampled "
+           "every second (mean over samples where it was > 0 / max, busy % of samples); median engine step; "
+           "KV transfer telemetry.", "", resources_table(report["rows"], report["resources"]), "",
+           "## Findings (computed from the numbers above)", ""]
+    md += [f"- {f}" for f in report["findings"]]
+    if plots:
+        md += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    md += ["", "Per-mode benchmark reports with every request: `colocated/report.md`, `disaggregated/report.md`. "
+           "Definitions: docs/benchmarks.md.", ""]
+    return "\n".join(md)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        rates, modes = check_args(args)
+        workload = make_workload(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    t0 = time.monotonic()
+    out_dir = Path(args.out) if args.out else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "command": shlex.join(["python", "-m", "benchmarks.compare", *argv]), "started_at": started,
+        "machine": machine_info(), "git": git_commit(), "model": args.model, "rates": rates,
+        "num_requests": args.num_requests, "duration_s": args.duration, "seed": args.seed, "policy": args.policy,
+        "workload": {k: v for k, v in vars(workload).items()},
+        "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo}, "attainment_target": args.attainment_target,
+        "engine": {"max_model_len": args.max_model_len, "kv_cache_mib": args.kv_cache_mib},
+        "shapes": {"colocated": {"engines": args.colocated, "pools": {"colocated": args.colocated}},
+                   "disaggregated": {"engines": args.prefill + args.decode,
+                                     "pools": {"prefill": args.prefill, "decode": args.decode}}},
+    }
+    pred, lens = predict_all(args, rates, workload)
+    report["requests_per_rate"] = lens
+    print("planner predictions ready; requests per rate:", {r: v["requests"] for r, v in lens.items()}, flush=True)
+
+    quality_outputs: dict[str, list[dict[str, Any]]] = {}
+    offline_error = None
+    if not args.no_quality and not args.no_offline:
+        tq = time.monotonic()
+        scratch = out_dir or Path("/tmp")
+        try:
+            quality_outputs["offline"] = offline_quality(args.model, args.max_model_len, args.offline_timeout, scratch)
+            print(f"offline vLLM greedy eval set done in {time.monotonic() - tq:.0f} s", flush=True)
+        except RuntimeError as exc:
+            offline_error = str(exc)
+            print(f"offline vLLM failed: {exc}", file=sys.stderr, flush=True)
+
+    from benchmarks.report import ProgressLine
+    from cluster.cli import shutdown_embedded
+    from cluster.config import parse_config
+    from cluster.runtime import connect
+
+    ns = parse_config(deploy_config(args, modes[0], 8000)).ray.namespace
+    port = args.port or _free_port()
+    parts: dict[str, dict[str, Any]] = {}
+    failure = None
+
+    def _term(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    connect(None, num_cpus=None, object_store_mib=256, namespace=ns)
+    old = signal.signal(signal.SIGTERM, _term)
+    try:
+        for mode in modes:
+            parts[mode] = run_mode(args, mode, port, rates, workload, out_dir,
+                                   None if args.no_progress else ProgressLine())
+    except Exception as exc:  # noqa: BLE001 - reported, the report keeps what finished
+        failure = f"{type(exc).__name__}: {exc}"
+        logger.exception("comparison failed")
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        shutdown_embedded()
+
+    for mode, part in parts.items():
+        if "quality_outputs" in part:
+            quality_outputs[mode] = part.pop("quality_outputs")
+    report["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    report["runtime_s"] = round(time.monotonic() - t0, 1)
+    report["machine_end"] = {"loadavg": machine_info()["loadavg"]}
+    report["modes"] = parts
+    report["failure"] = failure
+    if failure is not None or set(parts) != set(MODES) or any("steps" not in p for p in parts.values()):
+        if out_dir is not None:
+            (out_dir / "report.json").write_text(json.dumps(json_safe(report), indent=1))
+        if failure is None and set(parts) == set(modes):
+            print(f"ran {', '.join(modes)} only: no side-by-side report"
+                  + (f"; wrote {out_dir / 'report.json'}" if out_dir else ""))
+            return 0
+        print(f"error: the comparison did not complete ({failure or 'modes missing'})"
+              + ("; partial report.json written" if out_dir else ""), file=sys.stderr)
+        return 3
+    rows = side_by_side(parts["colocated"]["steps"], parts["disaggregated"]["steps"])
+    report["rows"] = rows
+    measured = {m: {r["rate"]: r[m] for r in rows} for m in MODES}
+    report["planner"] = {"profile": os.path.relpath(args.profile, REPO), "rows": planner_rows(pred, measured)}
+    report["resources"] = {m: parts[m]["resources"] for m in MODES}
+    report["slo_capacity"] = {m: slo_capacity(rates, [r[m]["attainment"] for r in rows], args.attainment_target)
+                              for m in MODES}
+    report["findings"] = findings(rows, report["resources"], report["slo"], args.attainment_target)
+    if quality_outputs:
+        comps = quality_comparisons(quality_outputs)
+        report["quality"] = {"prompts": len(next(iter(quality_outputs.values()))), "sources": list(quality_outputs),
+                             "comparisons": comps, "all_match": all(c["exact_match_rate"] == 1.0 for c in comps),
+                             "offline_error": offline_error, "outputs": quality_outputs}
+    print()
+    print(goodput_table(rows))
+    print()
+    print(planner_table(report["planner"]["rows"]))
+    if report.get("quality"):
+        print()
+        print(quality_table(report["quality"]["comparisons"]))
+        if not report["quality"]["all_match"]:
+            print("DIFFERENCE between greedy outputs: a bug to report to the lead", file=sys.stderr)
+    if out_dir is not None:
+        plots = plot(rows, report["slo"], out_dir)
+        (out_dir / "report.json").write_text(json.dumps(json_safe(report), indent=1))
+        (out_dir / "report.md").write_text(to_markdown(report, plots))
+        print(f"wrote {out_dir / 'report.md'}, {out_dir / 'report.json'}"
+              + "".join(f", {out_dir / p}" for p in plots))
+    return 0 if not report.get("quality") or report["quality"]["all_match"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""benchmarks.compare's pure logic: rates, side-by-side rows, goodput ratio, planner errors, tables."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from benchmarks import compare as cmp
+from placement.sim_result import RequestRecord as SimRecord
+
+
+def summary(rate: float, goodput: float, attainment: float, ttft_p90: float = 0.5, tpot_p90: float = 0.08,
+            errors: dict | None = None) -> dict:
+    """A RateSummary.to_dict()-shaped dict with the fields compare reads."""
+    lat = {"count": 10, "p50": ttft_p90 / 2, "p90": ttft_p90, "p99": ttft_p90 * 2, "mean": 0.0, "min": 0.0, "max": 1.0}
+    tp = {"count": 10, "p50": tpot_p90 / 2, "p90": tpot_p90, "p99": tpot_p90 * 2, "mean": 0.0, "min": 0.0, "max": 1.0}
+    itl = {"count": 100, "p50": 0.06, "p90": 0.07, "p99": 0.4, "mean": 0.0, "min": 0.0, "max": 1.0}
+    return {"rate": rate, "duration_s": 10.0, "sent": 10, "succeeded": 10 - sum((errors or {}).values()),
+            "rejected_429": 0, "errors": errors or {}, "ttft": lat, "itl": itl, "tpot": tp,
+            "e2e": {"count": 10, "p50": 3.0, "p90": 4.0, "p99": 5.0, "mean": 3.0, "min": 1.0, "max": 5.0},
+            "slo_met": round(attainment * 10), "attainment": attainment, "goodput_rps": goodput,
+            "goodput_tok_s": goodput * 64, "request_throughput_rps": 1.0, "input_tok_s": 1.0, "output_tok_s": 64.0,
+            "mean_tokens_per_chunk": 1.0, "max_send_lag_s": 0.001, "cost": None}
+
+
+def test_parse_rates_accepts_commas_and_lists() -> None:
+    assert cmp.parse_rates(["0.25,0.5", "1", "2,"]) == [0.25, 0.5, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("bad", [["0"], ["-1"], ["x"], [","], ["inf"]])
+def test_parse_rates_rejects_bad_values(bad: list[str]) -> None:
+    with pytest.raises(ValueError, match="--rates"):
+        cmp.parse_rates(bad)
+
+
+def test_ratio_edge_cases() -> None:
+    assert cmp.ratio(3.0, 2.0) == 1.5
+    assert cmp.ratio(0.0, 2.0) == 0.0
+    assert cmp.ratio(1.0, 0.0) == math.inf
+    assert cmp.ratio(0.0, 0.0) is None
+    assert cmp.ratio(None, 1.0) is None
+    assert cmp.fmt_ratio(1.5) == "1.50x"
+    assert cmp.fmt_ratio(math.inf) == "inf (colocated 0)"
+    assert cmp.fmt_ratio(None) == "n/a (both 0)"
+
+
+def test_prediction_error_absolute_and_relative() -> None:
+    e = cmp.prediction_error(0.12, 0.10)
+    assert e["abs"] == pytest.approx(0.02)
+    assert e["rel"] == pytest.approx(0.2)
+    e = cmp.prediction_error(0.05, 0.10)
+    assert e["rel"] == pytest.approx(-0.5)
+    assert cmp.prediction_error(0.3, 0.0) == {"abs": 0.3, "rel": None}  # relative to 0: undefined
+    assert cmp.prediction_error(0.0, 0.0) == {"abs": 0.0, "rel": None}
+    assert cmp.prediction_error(None, 0.1) == {"abs": None, "rel": None}
+
+
+def test_side_by_side_matches_rates_and_computes_ratio_and_winner() -> None:
+    colo = [summary(0.5, 0.5, 1.0), summary(1.0, 0.6, 0.6, tpot_p90=0.12), summary(2.0, 0.0, 0.0)]
+    # NOTE: disaggregated steps in another order: rows follow colocated's order, matched by rate.
+    dis = [summary(2.0, 0.4, 0.2), summary(0.5, 0.5, 1.0), summary(1.0, 0.9, 0.9, errors={"timeout": 1})]
+    rows = cmp.side_by_side(colo, dis)
+    assert [r["rate"] for r in rows] == [0.5, 1.0, 2.0]
+    assert rows[0]["goodput_ratio"] == pytest.approx(1.0) and rows[0]["winner"] == "tie"
+    assert rows[1]["goodput_ratio"] == pytest.approx(1.5) and rows[1]["winner"] == "disaggregated"
+    assert rows[1]["attainment_delta"] == pytest.approx(0.3)
+    assert rows[1]["disaggregated"]["errors"] == 1 and rows[1]["disaggregated"]["succeeded"] == 9
+    assert rows[1]["colocated"]["tpot_p90"] == 0.12 and rows[1]["colocated"]["ttft_p99"] == 1.0
+    assert rows[2]["goodput_ratio"] == math.inf and rows[2]["winner"] == "disaggregated"
+
+
+def test_side_by_side_rejects_mismatched_rates() -> None:
+    with pytest.raises(ValueError, match="different rates"):
+        cmp.side_by_side([summary(1.0, 1, 1)], [summary(2.0, 1, 1)])
+    with pytest.raises(ValueError, match="once per mode"):
+        cmp.side_by_side([summary(1.0, 1, 1)], [summary(1.0, 1, 1), summary(1.0, 1, 1)])
+
+
+def test_goodput_table_is_markdown_with_one_row_per_rate() -> None:
+    rows = cmp.side_by_side([summary(0.5, 0.25, 0.5), summary(1.0, 0.0, 0.0)],
+                            [summary(0.5, 0.5, 1.0), summary(1.0, 0.0, 0.0)])
+    table = cmp.goodput_table(rows).splitlines()
+    assert table[0].startswith("| rate req/s | attain colo | attain disagg |")
+    assert table[2] == "| 0.5 | 50% | 100% | 0.250 | 0.500 | 2.00x | disaggregated |"
+    assert table[3] == "| 1 | 0% | 0% | 0.000 | 0.000 | n/a (both 0) | tie |"
+    lat = cmp.latency_table(rows).splitlines()
+    assert len(lat) == 2 + 4  # header, rule, 2 rates x 2 modes
+    assert "| 0.5 | colocated | 250 / 500 / 1000 | 60 / 70 / 400 | 40 / 80 | 3000 | 10/10 |" in lat[2]
+
+
+def test_slo_capacity_stops_at_first_miss() -> None:
+    assert cmp.slo_capacity([0.25, 0.5, 1, 2], [1.0, 0.95, 0.8, 0.95], 0.9) == 0.5
+    assert cmp.slo_capacity([2, 1], [0.9, 1.0], 0.9) == 2
+    assert cmp.slo_capacity([0.5], [0.5], 0.9) is None
+
+
+def test_sim_summary_uses_nearest_rank_and_benchmark_definitions() -> None:
+    recs = [SimRecord(0.0, 100, 10, 0.2, 0.05, 1.0, 0, 0, False),
+            SimRecord(1.0, 100, 10, 0.4, 0.07, 2.0, 0, 0, False),
+            SimRecord(2.0, 100, 10, 0.9, 0.20, 4.0, 0, 0, False),
+            SimRecord(3.0, 100, 10, float("nan"), float("nan"), float("nan"), 0, 0, True)]
+    s = cmp.sim_summary(recs, ttft_slo=0.5, tpot_slo=0.1)
+    assert s["requests"] == 4 and s["rejected"] == 1
+    assert s["ttft_p50"] == 0.4 and s["ttft_p90"] == 0.9  # nearest rank over 3 values
+    assert s["tpot_p50"] == 0.07
+    assert s["attainment"] == pytest.approx(0.5)  # 2 met of 4 sent; the rejected one is a miss
+    assert s["goodput_rps"] == pytest.approx(2 / 4.0)  # first arrival 0 to last finish 4
+
+
+def test_planner_rows_pair_prediction_with_measurement() -> None:
+    pred = {"colocated": {1.0: {"ttft_p50": 0.3, "ttft_p90": 0.6, "tpot_p50": 0.07, "tpot_p90": 0.09,
+                                "attainment": 0.9, "goodput_rps": 0.9}},
+            "disaggregated": {1.0: {"ttft_p50": 0.4, "ttft_p90": 1.0, "tpot_p50": 0.06, "tpot_p90": 0.08,
+                                    "attainment": 1.0, "goodput_rps": 1.0}}}
+    meas = {m: {1.0: cmp.metrics_of(summary(1.0, 0.8, 0.8, ttft_p90=0.5, tpot_p90=0.1))} for m in cmp.MODES}
+    rows = cmp.planner_rows(pred, meas)
+    assert [(r["rate"], r["mode"]) for r in rows] == [(1.0, "colocated"), (1.0, "disaggregated")]
+    e = rows[0]["error"]
+    assert e["ttft_p90"]["rel"] == pytest.approx(0.2)
+    assert e["tpot_p90"]["rel"] == pytest.approx(-0.1)
+    assert e["attainment"]["abs"] == pytest.approx(0.1)
+    text = cmp.planner_table(rows)
+    assert "600 vs 500 (+20%)" in text and "90% vs 80% (+10 pt)" in text
+
+
+def test_quality_table_reports_first_divergence() -> None:
+    comps = [{"a": "disaggregated", "b": "colocated", "exact_match_rate": 1.0,
+              "prompts": [{"id": "p1", "match": True, "first_divergence": None, "unit": "token"}]},
+             {"a": "disaggregated", "b": "offline", "exact_match_rate": 0.5,
+              "prompts": [{"id": "p1", "match": True, "first_divergence": None, "unit": "token"},
+                          {"id": "p2", "match": False, "first_divergence": 7, "unit": "token"}]}]
+    lines = cmp.quality_table(comps).splitlines()
+    assert lines[2] == "| disaggregated vs colocated | 100% (1/1) | - |"
+    assert lines[3] == "| disaggregated vs offline | 50% (1/2) | p2@token 7 |"
+
+
+def test_quality_comparisons_pairs_every_source() -> None:
+    out = {"colocated": [{"id": "a", "text": "x y", "token_ids": [1, 2]}],
+           "disaggregated": [{"id": "a", "text": "x y", "token_ids": [1, 2]}],
+           "offline": [{"id": "a", "text": "x z", "token_ids": [1, 3]}]}
+    comps = cmp.quality_comparisons(out)
+    assert [(c["a"], c["b"]) for c in comps] == [("disaggregated", "colocated"), ("disaggregated", "offline"),
+                                                  ("colocated", "offline")]
+    assert [c["exact_match_rate"] for c in comps] == [1.0, 0.0, 0.0]
+    assert comps[1]["prompts"][0]["first_divergence"] == 1
+
+
+def test_machine_parsers() -> None:
+    assert cmp.parse_cpu_model("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n") == \
+        "Intel(R) Xeon(R) Processor"
+    assert cmp.parse_cpu_model("") == "unknown"
+    assert cmp.parse_mem_total_gib("MemTotal:       25165824 kB\nMemFree: 1 kB\n") == pytest.approx(24.0)
+
+
+def test_cpu_breakdown_and_classification() -> None:
+    assert cmp.classify_process("ray::ServeReplica:cmp-colo:Ingress", 5, 1).startswith("serve")
+    assert cmp.classify_process("python -m benchmarks.compare", 1, 1) == "driver + load client"
+    assert cmp.classify_process("/x/raylet --foo", 7, 1).startswith("ray system")
+    before = {10: ("engine a", 5.0), 11: ("serve", 1.0), 12: ("engine a", 2.0)}
+    after = {10: ("engine a", 9.0), 11: ("serve", 1.5), 12: ("engine a", 3.0), 13: ("engine a", 1.0)}
+    # engine a: 4 + 1 + 1 (new process from 0) = 6 CPU-s over 10 s
+    assert cmp.cpu_breakdown(before, after, 10.0) == {"engine a": 0.6, "serve": 0.05}
+
+
+def test_worker_load_from_stats_samples() -> None:
+    samples = [{"workers": [{"worker_id": "decode-0", "role": "decode", "running": 4, "waiting": 1,
+                             "recent_step_times_s": [0.07, 0.08]}]},
+               {"workers": [{"worker_id": "decode-0", "role": "decode", "running": 2, "waiting": 0,
+                             "recent_step_times_s": [0.06]}]},
+               {"workers": [{"worker_id": "decode-0", "role": "decode", "running": 0, "waiting": 0,
+                             "recent_step_times_s": [9.0]}]}]
+    w = cmp.worker_load(samples)["decode-0"]
+    assert w["busy_fraction"] == pytest.approx(2 / 3)
+    assert w["mean_running_when_busy"] == 3.0 and w["max_running"] == 4
+    assert w["median_step_s"] == 0.07  # idle samples' step times are ignored
+    assert w["mean_waiting"] == pytest.approx(1 / 3)
+
+
+def test_findings_name_the_colocated_miss_and_capacity() -> None:
+    rows = cmp.side_by_side([summary(0.5, 0.5, 1.0), summary(1.0, 0.3, 0.3, tpot_p90=0.12)],
+                            [summary(0.5, 0.5, 1.0), summary(1.0, 0.9, 0.9, tpot_p90=0.09)])
+    res = {"disaggregated": {1.0: {"cpu_cores": {"engine prefill-0": 0.4, "engine decode-0": 0.9, "serve x": 0.2},
+                                   "machine_other_cores": 0.1,
+                                   "workers": {"decode-0": {"mean_running_when_busy": 5.0, "busy_fraction": 0.9}}}}}
+    out = cmp.findings(rows, res, {"ttft_s": 2.0, "tpot_s": 0.1}, 0.9)
+    assert "colocated 0.5 req/s, disaggregated 1.0 req/s" in out[0]
+    assert "disaggregated higher at 1 of 2 rates (1)" in out[1]
+    assert "colocated misses the 100 ms TPOT target at p90, disaggregated meets it" in out[3]
+    assert "engines 1.30 (prefill-0 0.40, decode-0 0.90), rest of ours 0.20, not ours 0.10" in out[3]
+
+
+def test_json_safe_and_deploy_config() -> None:
+    assert json.loads(json.dumps(cmp.json_safe({1.0: [math.inf, 1.0]}))) == {"1.0": ["inf", 1.0]}
+    args = cmp._parser().parse_args(["--num-requests", "4"])
+    colo = cmp.deploy_config(args, "colocated", 8123)
+    dis = cmp.deploy_config(args, "disaggregated", 8123)
+    assert colo["pools"] == {"colocated": 2} and dis["pools"] == {"prefill": 1, "decode": 1}
+    assert colo["serve"]["port"] == dis["serve"]["port"] == 8123
+    from cluster.config import parse_config
+
+    assert parse_config(colo).mode == "colocated" and parse_config(dis).pools.decode == 1
+
+
+def test_check_args_requires_a_bound_and_valid_modes() -> None:
+    p = cmp._parser()
+    with pytest.raises(ValueError, match="--num-requests"):
+        cmp.check_args(p.parse_args([]))
+    with pytest.raises(ValueError, match="--modes"):
+        cmp.check_args(p.parse_args(["--num-requests", "4", "--modes", "colocated,bogus"]))
+    rates, modes = cmp.check_args(p.parse_args(["--duration", "10", "--rates", "1,2"]))
+    assert rates == [1.0, 2.0] and modes == ["colocated", "disaggregated"]
