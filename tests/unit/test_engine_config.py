@@ -1,0 +1,38 @@
+"""EngineConfig: CPU-only settings stay in the CPU branch; GPU gets vLLM's defaults plus TP/PP."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from engine.config import EngineConfig
+
+
+def test_cpu_settings():
+    kw = EngineConfig(device="cpu", kv_cache_mib=64).engine_kwargs("/m", "m")
+    assert kw["dtype"] == "float32" and kw["enforce_eager"] is True
+    assert kw["distributed_executor_backend"] == "uni"
+    assert kw["kv_cache_memory_bytes"] == 64 << 20
+    env = EngineConfig(device="cpu", cpu_threads=1).process_env("127.0.0.1")
+    assert env["OMP_NUM_THREADS"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+
+
+def test_gpu_settings_have_no_cpu_only_keys():
+    kw = EngineConfig(device="cuda", tensor_parallel_size=4, dtype="bfloat16").engine_kwargs("/m", "m")
+    assert kw["tensor_parallel_size"] == 4 and kw["distributed_executor_backend"] == "ray"
+    assert "kv_cache_memory_bytes" not in kw and kw["gpu_memory_utilization"] == 0.85
+    assert kw["dtype"] == "bfloat16" and "enforce_eager" not in kw
+    env = EngineConfig(device="cuda").process_env("10.0.0.5")
+    assert "OMP_NUM_THREADS" not in env and env["VLLM_HOST_IP"] == "10.0.0.5"
+
+
+def test_auto_device_must_be_resolved_first():
+    with pytest.raises(ValueError, match="auto"):
+        EngineConfig().engine_kwargs("/m", "m")
+
+
+def test_bad_values_name_the_field():
+    with pytest.raises(ValidationError, match="max_model_len"):
+        EngineConfig(max_model_len=0)
+    with pytest.raises(ValidationError, match="tensor/pipeline parallelism needs device"):
+        EngineConfig(device="cpu", pipeline_parallel_size=2)
