@@ -57,6 +57,7 @@ def test_fail_policy_errors_within_bound_and_prefill_frees_blocks(ray_session, d
         t0 = time.monotonic()
         with pytest.raises(ray.exceptions.RayTaskError, match="KV transfer"):
             _drain(d2.decode_stream.options(num_returns="streaming").remote("fail-1", prompt, params, h))
+        print(f"\nFAULT transfer from unreachable prefill (policy fail): error after {time.monotonic() - t0:.1f}s")
         assert time.monotonic() - t0 < 5 + 15
         # The decode never pulled, so the prefill engine must release the blocks when the lease ends.
         lease = cfg.transfer.kv_lease_s
@@ -80,6 +81,7 @@ def test_prefill_killed_after_handoff_recomputes_and_pool_recovers(deployment, w
     out = _drain(d.decode_stream.options(num_returns="streaming").remote("kill-1", prompt, params,
                                                                           pre["handoff"]))
     elapsed = time.monotonic() - t0
+    print(f"\nFAULT prefill killed after handoff: decode recomputed, answer in {elapsed:.1f}s")
     tel = out[0]["telemetry"]
     assert tel["outcome"] == "recomputed", tel
     assert tel["decode_computed_prompt_tokens"] > 1
@@ -92,6 +94,7 @@ def test_prefill_killed_after_handoff_recomputes_and_pool_recovers(deployment, w
 
     # The pool recovers: a restarted engine with a new engine id and side-channel port, then a request.
     new = _wait(lambda: _try_info(p), 300, "prefill worker restart")
+    print(f"FAULT prefill worker restarted by Ray {time.monotonic() - t0:.1f}s after the kill")
     assert new["engine_id"] != old["engine_id"]
 
     def served():
@@ -163,6 +166,7 @@ def test_decode_killed_mid_stream_migrates_without_a_gap(deployment, workers, co
 
     text = _stream_text(endpoint, model, prompt, 40, kill_after)
     assert killed, "the stream ended before the decode worker could be killed"
+    print(f"\nFAULT decode killed mid-stream: stream completed {time.monotonic() - killed[0]:.1f}s after the kill")
     assert text == _colocated_text(colocated_worker, prompt, 40, "mig-ref")
     _settled(workers, 2)
 
@@ -175,10 +179,12 @@ def test_prefill_killed_mid_prefill_is_retried_and_completes(deployment, workers
     _wait(lambda: _try_info(p), 300, "prefill worker ready")
     prompt = _prompt(33, 900)  # a prefill long enough to be killed in the middle of
     timer = threading.Timer(0.5, lambda: ray.kill(p, no_restart=False))
+    t0 = time.monotonic()
     timer.start()
     try:
         text = _stream_text(endpoint, model, prompt, 12)
     finally:
         timer.cancel()
+    print(f"\nFAULT prefill killed mid-prefill: answer complete {time.monotonic() - t0 - 0.5:.1f}s after the kill")
     assert text == _colocated_text(colocated_worker, prompt, 12, "pk-ref")
     _settled(workers, 2)
