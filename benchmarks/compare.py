@@ -13,8 +13,9 @@ process. The placement planner's prediction for each shape, from the measured CP
 exactly the requests that were sent, is printed next to the measurement.
 
 Outputs under ``--out``: ``report.json`` (everything, summaries only), ``report.md``, ``compare.png``
-(if matplotlib), and ``colocated/``, ``disaggregated/`` (the plain benchmark reports, with every
-per-request record). Exit status: 0; 1 when greedy outputs differ between any two sources (a bug);
+(if matplotlib), ``raw.json`` (what was measured, written before any report logic; ``--from-raw``
+rebuilds the report from it), and ``colocated/``, ``disaggregated/`` (the plain benchmark reports,
+with every per-request record). Exit status: 0; 1 when greedy outputs differ between any two sources (a bug);
 2 bad arguments; 3 a deployment or benchmark failed.
 """
 
@@ -36,6 +37,8 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 logger = logging.getLogger(__name__)
 
@@ -205,12 +208,13 @@ def md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def goodput_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The headline table: attainment and goodput of both modes per rate, and the ratio."""
+def goodput_table(rows: Sequence[dict[str, Any]], flagged: Sequence[float] = ()) -> str:
+    """The headline table: attainment and goodput of both modes per rate, and the ratio; rates in
+    ``flagged`` (foreign CPU load during a step) are marked with (!)."""
     body = []
     for r in rows:
         c, d = r["colocated"], r["disaggregated"]
-        body.append([f"{r['rate']:g}", fmt_pct(c["attainment"]), fmt_pct(d["attainment"]),
+        body.append([f"{r['rate']:g}" + (" (!)" if r["rate"] in flagged else ""), fmt_pct(c["attainment"]), fmt_pct(d["attainment"]),
                      f"{c['goodput_rps']:.3f}", f"{d['goodput_rps']:.3f}", fmt_ratio(r["goodput_ratio"]),
                      r["winner"]])
     return md_table(["rate req/s", "attain colo", "attain disagg", "goodput colo req/s", "goodput disagg req/s",
@@ -316,8 +320,22 @@ def worker_load(samples: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "max_running": max((w.get("running", 0) for w in ws), default=0),
             "mean_waiting": sum(w.get("waiting", 0) for w in ws) / len(ws),
             "median_step_s": steps[len(steps) // 2] if steps else None,
+            "mean_kv_usage": sum(w.get("kv_usage", 0.0) for w in ws) / len(ws),
+            "max_kv_usage": max((w.get("kv_usage", 0.0) for w in ws), default=0.0),
         }
     return out
+
+
+FOREIGN_LIMIT = 0.25  # cores of other processes' CPU during a step above which the step is flagged
+
+
+def foreign_load(resources: dict[str, dict[float, dict[str, Any]]], limit: float) -> dict[str, Any]:
+    """Steps during which processes that are not ours used more than ``limit`` cores (shared box)."""
+    flagged = sorted({rate for m in resources for rate, res in resources[m].items()
+                      if (res.get("machine_other_cores") or 0.0) > limit})
+    worst = {f"{m} {rate:g}": res.get("machine_other_cores") for m in MODES for rate, res in
+             sorted(resources.get(m, {}).items()) if (res.get("machine_other_cores") or 0.0) > limit}
+    return {"limit_cores": limit, "rates": flagged, "steps": worst}
 
 
 def json_safe(obj: Any) -> Any:
@@ -475,8 +493,6 @@ class StatsSampler:
         self._thread = threading.Thread(target=self._loop, name="stats-sampler", daemon=True)
 
     def _loop(self) -> None:
-        import httpx
-
         with httpx.Client(timeout=3.0, trust_env=False) as client:
             while not self._stop.is_set():
                 try:
@@ -496,8 +512,6 @@ class StatsSampler:
         self._thread.join(timeout=10)
 
     def transfers(self) -> list[dict[str, Any]]:
-        import httpx
-
         try:
             return httpx.get(self.url, timeout=5.0, trust_env=False).json().get("transfers", [])
         except (httpx.HTTPError, ValueError):
@@ -516,6 +530,163 @@ def transfer_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "transfer_wait_p90_s": nearest_rank(waits, 90), "handoff_p50_s": nearest_rank(hand, 50),
             "kv_bytes_mean": sum(r["kv_bytes"] for r in records) / len(records),
             "decode_computed_prompt_tokens_max": max(r.get("decode_computed_prompt_tokens", 0) for r in records)}
+
+
+def process_affinity(workers: dict[int, str]) -> dict[str, list[dict[str, Any]]]:
+    """CPUs each engine's processes (the Ray actor and its EngineCore child) may run on."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for wpid, name in workers.items():
+        todo, procs = [wpid], []
+        while todo:
+            p = todo.pop()
+            todo.extend(children.get(p, []))
+            try:
+                cpus = sorted(os.sched_getaffinity(p))
+            except OSError:
+                continue
+            procs.append({"pid": p, "cmd": table.get(p, (0, 0, ""))[2][:60].strip(), "cpus": cpus})
+        out[name] = procs
+    return out
+
+
+def reset_affinity(pids: Sequence[int], cpus: set[int]) -> int:
+    """Allow every thread of ``pids`` and their descendants to run on ``cpus``; returns threads changed.
+
+    NOTE: vLLM 0.32's NixlConnector worker on CPU calls ``os.sched_setaffinity(0, [last core of each NUMA
+    node])`` in the EngineCore's main thread (nixl/base_worker.py, "reserve different cores for
+    start_load_kv()"), so every prefill and decode engine ends up on the same single core while
+    colocated engines (no connector) use them all. This undoes it for a like-for-like comparison."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    changed, todo = 0, list(pids)
+    while todo:
+        p = todo.pop()
+        todo.extend(children.get(p, []))
+        try:
+            tids = [int(t.name) for t in Path(f"/proc/{p}/task").iterdir()]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                if set(os.sched_getaffinity(tid)) != cpus:
+                    os.sched_setaffinity(tid, cpus)
+                    changed += 1
+            except OSError:
+                continue
+    return changed
+
+
+def idle_probe(endpoint: str, model: str, n: int, timeout_s: float, input_len: int = 512,
+               output_len: int = 32) -> dict[str, Any]:
+    """``n`` sequential requests of ``input_len`` tokens (fresh random prompts) on the idle deployment:
+    the no-load TTFT and TPOT of this shape."""
+    import asyncio
+
+    import numpy as np
+
+    from benchmarks.client import RequestRecord, endpoint_url, make_client, request_body, send_request
+    from benchmarks.stats import tpot as tpot_of
+    from benchmarks.workload import make_prompt
+
+    async def go() -> list[RequestRecord]:
+        rng = np.random.default_rng(987654)
+        url = endpoint_url(endpoint, "completions")
+        recs = []
+        async with make_client(timeout_s) as client:
+            for i in range(n):
+                rec = RequestRecord(index=i, input_len=input_len, output_len=output_len, scheduled_s=0.0)
+                body = request_body(model, make_prompt(input_len, rng), output_len, "completions", True)
+                recs.append(await send_request(client, url, body, "completions", rec, timeout_s, time.perf_counter()))
+        return recs
+
+    recs = asyncio.run(go())
+    ok = [r for r in recs if r.ok]
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    tpots = [t for t in (tpot_of(r) for r in ok) if t is not None]
+    summary = {"requests": n, "ok": len(ok), "input_tokens": input_len, "output_tokens": output_len,
+               "ttft_p50_s": nearest_rank(ttfts, 50), "tpot_p50_s": nearest_rank(tpots, 50),
+               "ttft_s": [round(t, 3) for t in ttfts], "tpot_s": [round(t, 4) for t in tpots]}
+    return {"summary": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items()
+                        if k in ("ok", "ttft_p50_s", "tpot_p50_s")}, **summary}
+
+
+SERVER_HISTOGRAMS = {"saaf_ttft_seconds": "ttft", "saaf_prefill_seconds": "prefill",
+                     "saaf_kv_transfer_seconds": "kv_transfer", "saaf_queue_wait_seconds": "queue_wait"}
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """``{name_sum: v, name_count: v}`` of the unlabelled histograms in ``SERVER_HISTOGRAMS``."""
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        base = name.rsplit("_", 1)[0]
+        if base in SERVER_HISTOGRAMS and name.endswith(("_sum", "_count")):
+            try:
+                out[name] = float(value)
+            except ValueError:
+                continue
+    return out
+
+
+def metric_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    """Server-side mean of each histogram over the interval between two scrapes."""
+    out: dict[str, float | None] = {}
+    for base, short in SERVER_HISTOGRAMS.items():
+        n = after.get(f"{base}_count", 0.0) - before.get(f"{base}_count", 0.0)
+        total = after.get(f"{base}_sum", 0.0) - before.get(f"{base}_sum", 0.0)
+        out[short] = total / n if n > 0 else None
+    return out
+
+
+def scrape_metrics(endpoint: str) -> dict[str, float]:
+    try:
+        return parse_metrics(httpx.get(endpoint.rstrip("/") + "/metrics", timeout=5.0, trust_env=False).text)
+    except httpx.HTTPError:
+        return {}
+
+
+def slo_sweep(records: dict[str, dict[float, list[dict[str, Any]]]], durations: dict[str, dict[float, float]],
+              ttft_s: float, tpot_targets: Sequence[float]) -> list[dict[str, Any]]:
+    """Attainment and goodput of every (rate, mode) re-judged at each TPOT target (TTFT target fixed),
+    from the stored per-request records (``RequestRecord`` dicts)."""
+    from benchmarks.client import RequestRecord
+    from benchmarks.stats import SLO, meets_slo
+
+    out = []
+    rates = sorted(set.intersection(*(set(records[m]) for m in MODES)))
+    for tpot in tpot_targets:
+        slo = SLO(ttft_s, tpot)
+        for rate in rates:
+            row: dict[str, Any] = {"tpot_s": tpot, "rate": rate}
+            for mode in MODES:
+                recs = [RequestRecord(**r) for r in records[mode][rate]]
+                met = sum(meets_slo(r, slo) for r in recs)
+                row[mode] = {"attainment": met / len(recs) if recs else 0.0,
+                             "goodput_rps": met / durations[mode][rate]}
+            row["goodput_ratio"] = ratio(row["disaggregated"]["goodput_rps"], row["colocated"]["goodput_rps"])
+            out.append(row)
+    return out
+
+
+def sweep_table(rows: Sequence[dict[str, Any]]) -> str:
+    rates = sorted({r["rate"] for r in rows})
+    tpots = sorted({r["tpot_s"] for r in rows})
+    by = {(r["tpot_s"], r["rate"]): r for r in rows}
+    body = []
+    for t in tpots:
+        cells = [f"{t * 1000:g}"]
+        for rate in rates:
+            r = by.get((t, rate))
+            cells.append("-" if r is None else f"{fmt_pct(r['colocated']['attainment'])} / "
+                         f"{fmt_pct(r['disaggregated']['attainment'])} ({fmt_ratio(r['goodput_ratio'])})")
+        body.append(cells)
+    return md_table(["TPOT target ms", *(f"rate {r:g}: attain colo / disagg (goodput ratio)" for r in rates)], body)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -537,11 +708,20 @@ def _parser() -> argparse.ArgumentParser:
     a("--ttft-slo", type=float, default=2.0, help="TTFT target, seconds")
     a("--tpot-slo", type=float, default=0.1, help="TPOT target, seconds per output token")
     a("--attainment-target", type=float, default=0.9, help="attainment a rate must reach to count as sustained")
+    a("--tpot-sweep", default="0.06,0.07,0.08,0.09,0.1,0.125,0.15",
+      help="TPOT targets (s) to re-judge the same records at (TTFT target fixed), for the SLO-sweep table")
     a("--colocated", type=int, default=2, help="colocated engines")
     a("--prefill", type=int, default=1, help="prefill engines (disaggregated)")
     a("--decode", type=int, default=1, help="decode engines (disaggregated)")
     a("--max-model-len", type=int, default=2048)
     a("--kv-cache-mib", type=int, default=256, help="KV cache per engine (the profile was measured at 256)")
+    a("--prefix-caching", action="store_true",
+      help="keep vLLM's prefix caching on (off by default: every rate step replays the same prompts, which "
+           "would turn later steps' prefills into cache hits)")
+    a("--engine-affinity", default="all", choices=("all", "keep"),
+      help="all: let every engine thread use every CPU after deploy (undoes vLLM's NIXL connector pinning "
+           "P/D engines to one core on CPU); keep: measure the deployment exactly as it starts")
+    a("--probe-requests", type=int, default=3, help="sequential requests on the idle deployment before the sweep")
     a("--policy", default="least_loaded", choices=("least_loaded", "round_robin", "goodput"), help="router policy")
     a("--port", type=int, help="Serve HTTP port for both modes (default: a free port)")
     a("--modes", default="colocated,disaggregated", help="modes to run, in order")
@@ -553,6 +733,7 @@ def _parser() -> argparse.ArgumentParser:
     a("--offline-timeout", type=float, default=420.0, help="seconds for the offline vLLM quality run")
     a("--out", help="directory for report.json, report.md, compare.png and the per-mode reports")
     a("--no-progress", action="store_true")
+    a("--from-raw", metavar="RAW_JSON", help="rebuild report.md/json/png from a run's raw.json (no deployment)")
     a("-v", "--verbose", action="store_true")
     return p
 
@@ -578,6 +759,12 @@ def check_args(args: argparse.Namespace) -> tuple[list[float], list[str]]:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes) or len(set(modes)) != len(modes):
         raise ValueError(f"--modes {args.modes!r}: a comma list of distinct modes from {', '.join(MODES)}")
+    try:
+        args.tpot_targets = sorted(float(v) for v in args.tpot_sweep.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"--tpot-sweep {args.tpot_sweep!r}: a comma list of seconds, e.g. 0.08,0.1") from None
+    if any(not t > 0 for t in args.tpot_targets):
+        raise ValueError(f"--tpot-sweep {args.tpot_sweep!r}: every target must be > 0")
     if not Path(args.profile).is_file():
         raise ValueError(f"--profile {args.profile!r} does not exist")
     return rates, modes
@@ -594,7 +781,8 @@ def make_workload(args: argparse.Namespace):
 def deploy_config(args: argparse.Namespace, mode: str, port: int) -> dict[str, Any]:
     pools = {"colocated": args.colocated} if mode == "colocated" else {"prefill": args.prefill, "decode": args.decode}
     return {"name": f"cmp-{SHORT[mode]}", "mode": mode,
-            "engine": {"model": args.model, "max_model_len": args.max_model_len, "kv_cache_mib": args.kv_cache_mib},
+            "engine": {"model": args.model, "max_model_len": args.max_model_len, "kv_cache_mib": args.kv_cache_mib,
+                       "enable_prefix_caching": args.prefix_caching},
             "pools": pools, "serve": {"port": port, "request_timeout_s": max(300.0, args.request_timeout)},
             "router": {"policy": args.policy}, "ray": {"namespace": "saaf-compare"}}
 
@@ -664,25 +852,40 @@ def run_mode(args: argparse.Namespace, mode: str, port: int, rates: Sequence[flo
 
     cfg = parse_config(deploy_config(args, mode, port), f"{mode} config")
     t0 = time.monotonic()
-    print(f"[{mode}] deploying {cfg.pools} ...", flush=True)
+    print(f"[{mode}] deploying {deploy_config(args, mode, port)['pools']} ...", flush=True)
     info = deploy.start(cfg, ready_timeout_s=300)
     part: dict[str, Any] = {"config": deploy_config(args, mode, port), "startup_s": round(info["startup_s"], 1),
                             "workers": [{k: w.get(k) for k in ("worker_id", "role", "engine_id", "pid",
                                                                "kv_capacity_tokens")} for w in info["workers"]]}
+    wpids = {w["pid"]: w["worker_id"] for w in info["workers"] if w.get("pid")}
+    part["affinity"] = process_affinity(wpids)
+    if args.engine_affinity == "all":
+        n = reset_affinity(list(wpids), set(os.sched_getaffinity(0)))
+        part["affinity_reset_threads"] = n
+        part["affinity_after_reset"] = process_affinity(wpids)
+        if n:
+            print(f"[{mode}] engine CPU affinity reset to all CPUs on {n} threads (see --engine-affinity)", flush=True)
     try:
         endpoint, model = info["endpoint"], info["model"]
         print(f"[{mode}] ready in {info['startup_s']:.1f} s at {endpoint} (model {model!r})", flush=True)
         if not args.no_quality:
             tq = time.monotonic()
-            outs = endpoint_greedy(endpoint, model, load_evalset(), timeout_s=args.request_timeout)
+            outs = endpoint_greedy(endpoint, model, load_evalset(), timeout_s=args.request_timeout,
+                                   transport=TokenIdsOnly())
             part["quality_outputs"] = [asdict(o) for o in outs]
             part["quality_s"] = round(time.monotonic() - tq, 1)
             print(f"[{mode}] greedy eval set done in {part['quality_s']} s", flush=True)
+        if args.probe_requests:
+            part["idle_probe"] = idle_probe(endpoint, model, args.probe_requests, args.request_timeout)
+            print(f"[{mode}] idle probe: {part['idle_probe']['summary']}", flush=True)
         workers = {w["pid"]: f"engine {w['worker_id']}" for w in info["workers"] if w.get("pid")}
-        steps, resources, seen = [], {}, set()
+        steps, resources = [], {}
+        records: dict[float, list[dict[str, Any]]] = {}
         result = None
         for i, rate in enumerate(rates):
             with StatsSampler(endpoint) as sampler:
+                seen = {t.get("request_id") for t in sampler.transfers()}
+                m0 = scrape_metrics(endpoint)
                 before, busy0 = cpu_snapshot(workers)
                 w0 = time.monotonic()
                 res = run_benchmark(endpoint, model, workload, [rate], num_requests=args.num_requests,
@@ -692,13 +895,19 @@ def run_mode(args: argparse.Namespace, mode: str, port: int, rates: Sequence[flo
                                     progress=progress)
                 wall = time.monotonic() - w0
                 after, busy1 = cpu_snapshot(workers)
+                m1 = scrape_metrics(endpoint)
             cores = cpu_breakdown(before, after, wall)
             tel = [t for t in sampler.transfers() if t.get("request_id") not in seen]
-            seen.update(t.get("request_id") for t in tel)
             resources[rate] = {"wall_s": round(wall, 2), "cpu_cores": cores,
                                "machine_busy_cores": round((busy1 - busy0) / wall, 3),
                                "machine_other_cores": round(max(0.0, (busy1 - busy0) / wall - sum(cores.values())), 3),
-                               "workers": worker_load(sampler.samples), "transfers": transfer_summary(tel)}
+                               "workers": worker_load(sampler.samples), "transfers": transfer_summary(tel),
+                               "server_means_s": metric_means(m0, m1),
+                               "samples": [{"t": round(x["t"] - w0, 2),
+                                            "w": [[w["worker_id"], w.get("running"), w.get("waiting"),
+                                                   round(w.get("kv_usage", 0.0), 3)] for w in x["workers"]]}
+                                           for x in sampler.samples]}
+            records[rate] = [asdict(r) for r in res.steps[0].records]
             if result is None:
                 result = res
             else:
@@ -713,13 +922,38 @@ def run_mode(args: argparse.Namespace, mode: str, port: int, rates: Sequence[flo
         result.command = f"python -m benchmarks.compare (mode {mode}; see ../report.md)"
         if out_dir is not None:
             write_report(result, out_dir / mode)
-        part.update(steps=steps, resources=resources, endpoint=endpoint, model=model,
+        part.update(steps=steps, resources=resources, endpoint=endpoint, model=model, records=records,
                     benchmark_config=result.config, environment=result.environment)
     finally:
         print(f"[{mode}] stopping ...", flush=True)
         deploy.stop(info["config"])
         part["mode_s"] = round(time.monotonic() - t0, 1)
     return part
+
+
+class TokenIdsOnly(httpx.BaseTransport):
+    """httpx transport for ``benchmarks.quality.endpoint_greedy`` against our ingress: keeps
+    ``return_token_ids`` and drops ``return_tokens_as_token_ids`` and ``logprobs``, which our API
+    rejects with 400 (endpoint_greedy would then drop every option and compare text only)."""
+
+    DROP = ("return_tokens_as_token_ids", "logprobs", "top_logprobs")
+
+    def __init__(self) -> None:
+        self._inner = httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            body = json.loads(request.content)
+        except ValueError:
+            return self._inner.handle_request(request)
+        if isinstance(body, dict) and any(k in body for k in self.DROP):
+            body = {k: v for k, v in body.items() if k not in self.DROP}
+            headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
+            request = httpx.Request(request.method, request.url, headers=headers, json=body)
+        return self._inner.handle_request(request)
+
+    def close(self) -> None:
+        self._inner.close()
 
 
 def quality_comparisons(outputs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -778,20 +1012,25 @@ def resources_table(rows: Sequence[dict[str, Any]], resources: dict[str, dict[fl
             rest = {k: v for k, v in cores.items() if not k.startswith("engine ")}
             loads = res["workers"]
             tr = res["transfers"]
+            sm = res.get("server_means_s") or {}
             body.append([
                 f"{r['rate']:g}", mode,
                 ", ".join(f"{k} {v:.2f}" for k, v in eng.items()),
                 ", ".join(f"{k.split(' ')[0]} {v:.2f}" for k, v in rest.items()),
-                f"{res['machine_other_cores']:.2f}",
+                f"{res['machine_other_cores']:.2f}" + (" (!)" if res["machine_other_cores"] > FOREIGN_LIMIT else ""),
                 ", ".join(f"{w} {v['mean_running_when_busy']:.1f}/{v['max_running']} ({v['busy_fraction']:.0%})"
                           for w, v in loads.items()),
                 ", ".join(f"{w} {fmt_ms(v['median_step_s'])}" for w, v in loads.items()),
+                ", ".join(f"{w} {v.get('mean_kv_usage', 0):.0%}/{v.get('max_kv_usage', 0):.0%}" for w, v in loads.items()),
                 "-" if not tr.get("count") else
                 f"{tr['count']} ({tr['outcomes']}), wait p50/p90 {fmt_ms(tr['transfer_wait_p50_s'])}/"
                 f"{fmt_ms(tr['transfer_wait_p90_s'])} ms",
+                " / ".join(fmt_ms(sm.get(k)) for k in ("ttft", "prefill", "kv_transfer")),
             ])
     return md_table(["rate", "mode", "engine cores (worker+EngineCore)", "other cores of ours", "cores not ours",
-                     "running batch mean-when-busy/max (busy %)", "median step ms", "KV transfers"], body)
+                     "running batch mean-when-busy/max (busy %)", "median step ms", "KV cache use mean/max",
+                     "KV transfers",
+                     "server mean ms: TTFT / prefill / KV wait"], body)
 
 
 def to_markdown(report: dict[str, Any], plots: Sequence[str]) -> str:
@@ -813,11 +1052,37 @@ def to_markdown(report: dict[str, Any], plots: Sequence[str]) -> str:
           "per rate; the same requests (lengths, prompts, scaled arrival times) in both modes",
           f"- SLO: TTFT <= {slo['ttft_s']:g} s and TPOT <= {slo['tpot_s'] * 1000:g} ms per request; attainment = "
           "met / sent; goodput = met requests / step duration",
-          "", "## Goodput", "", goodput_table(report["rows"]), ""]
+          "", "## Goodput", "", goodput_table(report["rows"], report["foreign_load"]["rates"]), ""]
+    fl = report["foreign_load"]
+    if fl["steps"]:
+        md += [f"(!) other people's processes used more than {fl['limit_cores']:g} cores of this 2-core box during "
+               "these steps (cores: " + ", ".join(f"{k} {v:.2f}" for k, v in fl["steps"].items())
+               + "); read those rows with care.", ""]
+    probes = {m: report["modes"][m].get("idle_probe") for m in MODES}
+    if all(probes.values()):
+        md += ["Idle probe (before the sweep, one request at a time, fresh 512-token prompts, 32 output tokens): "
+               + "; ".join(f"{m} TTFT p50 {fmt_ms(p['ttft_p50_s'])} ms, TPOT p50 {fmt_ms(p['tpot_p50_s'])} ms"
+                           for m, p in probes.items()) + ".", ""]
+    aff = {m: report["modes"][m].get("affinity") for m in MODES}
+    if all(aff.values()):
+        md += ["CPU affinity of the engine processes as deployed: " + "; ".join(
+            f"{w}: " + ", ".join(f"{pr['cmd'].split(' ')[0]} {pr['cpus']}" for pr in procs)
+            for m in MODES for w, procs in aff[m].items()) + "."]
+        resets = {m: report["modes"][m].get("affinity_reset_threads") for m in MODES}
+        if any(v is not None for v in resets.values()):
+            md += ["`--engine-affinity all`: threads re-allowed on every CPU after deploy: "
+                   + ", ".join(f"{m} {v}" for m, v in resets.items()) + " (vLLM's NixlConnector pins each P/D "
+                   "EngineCore to the last core of its NUMA node; colocated engines have no connector)."]
+        else:
+            md += ["`--engine-affinity keep`: measured with the affinity as deployed."]
+        md += [""]
     caps = report["slo_capacity"]
     md += [f"Highest rate sustained at >= {report['attainment_target']:.0%} attainment (every tested rate up to "
            f"it): colocated {caps['colocated']} req/s, disaggregated {caps['disaggregated']} req/s; "
            f"ratio {fmt_ratio(ratio(caps['disaggregated'], caps['colocated']))}.", "",
+           "## The same requests judged at other TPOT targets", "",
+           f"TTFT target {slo['ttft_s']:g} s; each cell: attainment colocated / disaggregated (goodput ratio "
+           "disaggregated / colocated).", "", sweep_table(report["slo_sweep"]["rows"]), "",
            "## Latency (ms; nearest-rank percentiles)", "", latency_table(report["rows"]), "",
            "## Planner check", "",
            f"The placement simulator with the measured profile `{report['planner']['profile']}` on exactly the "
@@ -840,7 +1105,8 @@ def to_markdown(report: dict[str, Any], plots: Sequence[str]) -> str:
            "EngineCore), by the rest of this run's processes (driver = load client, Serve, Ray), and by "
            "processes not ours (other work on the box); the workers' running batch from `/v1/stats` sampled "
            "every second (mean over samples where it was > 0 / max, busy % of samples); median engine step; "
-           "KV transfer telemetry.", "", resources_table(report["rows"], report["resources"]), "",
+           "KV transfer telemetry; the ingress's own means from `/metrics` over the step (TTFT as the server "
+           "sees it; prefill on the prefill worker; KV wait = decode submit to first decode output).", "", resources_table(report["rows"], report["resources"]), "",
            "## Findings (computed from the numbers above)", ""]
     md += [f"- {f}" for f in report["findings"]]
     if plots:
@@ -850,12 +1116,81 @@ def to_markdown(report: dict[str, Any], plots: Sequence[str]) -> str:
     return "\n".join(md)
 
 
+def _rekey(d: dict) -> dict[float, Any]:
+    """JSON turned float keys (rates) into strings; turn them back."""
+    return {float(k): v for k, v in d.items()}
+
+
+def load_raw(path: Path) -> dict[str, Any]:
+    raw = json.loads(path.read_text())
+    raw["pred"] = {m: _rekey(v) for m, v in raw["pred"].items()}
+    raw["records"] = {m: _rekey(v) for m, v in raw["records"].items()}
+    for part in raw["parts"].values():
+        if "resources" in part:
+            part["resources"] = _rekey(part["resources"])
+    return raw
+
+
+def assemble(raw: dict[str, Any]) -> dict[str, Any]:
+    """The full report from what the run measured (``raw``: header, parts, records, predictions,
+    quality outputs). Pure: ``--from-raw`` rebuilds a report from a saved raw.json without rerunning."""
+    report = dict(raw["report"])
+    parts, records, pred = raw["parts"], raw["records"], raw["pred"]
+    rates, slo = report["rates"], report["slo"]
+    rows = side_by_side(parts["colocated"]["steps"], parts["disaggregated"]["steps"])
+    report["rows"] = rows
+    measured = {m: {r["rate"]: r[m] for r in rows} for m in MODES}
+    report["planner"] = {"profile": report["profile"], "rows": planner_rows(pred, measured)}
+    parts = {m: dict(p, resources={r: {k: v for k, v in res.items() if k != "samples"}
+                                   for r, res in p.get("resources", {}).items()}) for m, p in parts.items()}
+    report["resources"] = {m: parts[m]["resources"] for m in MODES}
+    report["foreign_load"] = foreign_load(report["resources"], FOREIGN_LIMIT)
+    report["slo_capacity"] = {m: slo_capacity(rates, [r[m]["attainment"] for r in rows], report["attainment_target"])
+                              for m in MODES}
+    report["findings"] = findings(rows, report["resources"], slo, report["attainment_target"])
+    durations = {m: {r["rate"]: r[m]["duration_s"] for r in rows} for m in MODES}
+    report["slo_sweep"] = {"ttft_s": slo["ttft_s"],
+                           "rows": slo_sweep(records, durations, slo["ttft_s"], report["tpot_targets"])}
+    report["modes"] = parts
+    q = raw.get("quality_outputs") or {}
+    if q:
+        comps = quality_comparisons(q)
+        report["quality"] = {"prompts": len(next(iter(q.values()))), "sources": list(q), "comparisons": comps,
+                             "all_match": all(c["exact_match_rate"] == 1.0 for c in comps),
+                             "offline_error": raw.get("offline_error"), "outputs": q}
+    return report
+
+
+def write_outputs(report: dict[str, Any], out_dir: Path | None) -> int:
+    rows = report["rows"]
+    print()
+    print(goodput_table(rows))
+    print()
+    print(planner_table(report["planner"]["rows"]))
+    if report.get("quality"):
+        print()
+        print(quality_table(report["quality"]["comparisons"]))
+        if not report["quality"]["all_match"]:
+            print("DIFFERENCE between greedy outputs: a bug to report to the lead", file=sys.stderr)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        plots = plot(rows, report["slo"], out_dir)
+        (out_dir / "report.json").write_text(json.dumps(json_safe(report), indent=1))
+        (out_dir / "report.md").write_text(to_markdown(report, plots))
+        print(f"wrote {out_dir / 'report.md'}, {out_dir / 'report.json'}"
+              + "".join(f", {out_dir / p}" for p in plots))
+    return 0 if not report.get("quality") or report["quality"]["all_match"] else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.from_raw:
+        out = Path(args.out) if args.out else Path(args.from_raw).parent
+        return write_outputs(assemble(load_raw(Path(args.from_raw))), out)
     try:
         rates, modes = check_args(args)
         workload = make_workload(args)
@@ -872,6 +1207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "num_requests": args.num_requests, "duration_s": args.duration, "seed": args.seed, "policy": args.policy,
         "workload": {k: v for k, v in vars(workload).items()},
         "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo}, "attainment_target": args.attainment_target,
+        "tpot_targets": args.tpot_targets, "profile": os.path.relpath(args.profile, REPO),
         "engine": {"max_model_len": args.max_model_len, "kv_cache_mib": args.kv_cache_mib},
         "shapes": {"colocated": {"engines": args.colocated, "pools": {"colocated": args.colocated}},
                    "disaggregated": {"engines": args.prefill + args.decode,
@@ -887,7 +1223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         tq = time.monotonic()
         scratch = out_dir or Path("/tmp")
         try:
-            quality_outputs["offline"] = offline_quality(args.model, args.max_model_len, args.offline_timeout, scratch)
+            # NOTE: offline_greedy's fixed 64 MiB KV cache holds ~1280 SmolLM2 tokens; the eval prompts are
+            # short and greedy outputs do not depend on max_model_len.
+            quality_outputs["offline"] = offline_quality(args.model, min(args.max_model_len, 1024),
+                                                         args.offline_timeout, scratch)
             print(f"offline vLLM greedy eval set done in {time.monotonic() - tq:.0f} s", flush=True)
         except RuntimeError as exc:
             offline_error = str(exc)
@@ -919,53 +1258,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, old)
         shutdown_embedded()
 
+    records: dict[str, dict[float, list[dict[str, Any]]]] = {}
     for mode, part in parts.items():
         if "quality_outputs" in part:
             quality_outputs[mode] = part.pop("quality_outputs")
+        if "records" in part:
+            records[mode] = part.pop("records")
     report["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     report["runtime_s"] = round(time.monotonic() - t0, 1)
     report["machine_end"] = {"loadavg": machine_info()["loadavg"]}
-    report["modes"] = parts
     report["failure"] = failure
+    raw = {"report": report, "parts": parts, "records": records, "pred": pred, "quality_outputs": quality_outputs,
+           "offline_error": offline_error}
+    if out_dir is not None:
+        # NOTE: everything measured, before any report logic: `--from-raw` rebuilds the report from it.
+        (out_dir / "raw.json").write_text(json.dumps(json_safe(raw)))
     if failure is not None or set(parts) != set(MODES) or any("steps" not in p for p in parts.values()):
-        if out_dir is not None:
-            (out_dir / "report.json").write_text(json.dumps(json_safe(report), indent=1))
         if failure is None and set(parts) == set(modes):
             print(f"ran {', '.join(modes)} only: no side-by-side report"
-                  + (f"; wrote {out_dir / 'report.json'}" if out_dir else ""))
+                  + (f"; measurements in {out_dir / 'raw.json'}" if out_dir else ""))
             return 0
         print(f"error: the comparison did not complete ({failure or 'modes missing'})"
-              + ("; partial report.json written" if out_dir else ""), file=sys.stderr)
+              + (f"; what finished is in {out_dir / 'raw.json'}" if out_dir else ""), file=sys.stderr)
         return 3
-    rows = side_by_side(parts["colocated"]["steps"], parts["disaggregated"]["steps"])
-    report["rows"] = rows
-    measured = {m: {r["rate"]: r[m] for r in rows} for m in MODES}
-    report["planner"] = {"profile": os.path.relpath(args.profile, REPO), "rows": planner_rows(pred, measured)}
-    report["resources"] = {m: parts[m]["resources"] for m in MODES}
-    report["slo_capacity"] = {m: slo_capacity(rates, [r[m]["attainment"] for r in rows], args.attainment_target)
-                              for m in MODES}
-    report["findings"] = findings(rows, report["resources"], report["slo"], args.attainment_target)
-    if quality_outputs:
-        comps = quality_comparisons(quality_outputs)
-        report["quality"] = {"prompts": len(next(iter(quality_outputs.values()))), "sources": list(quality_outputs),
-                             "comparisons": comps, "all_match": all(c["exact_match_rate"] == 1.0 for c in comps),
-                             "offline_error": offline_error, "outputs": quality_outputs}
-    print()
-    print(goodput_table(rows))
-    print()
-    print(planner_table(report["planner"]["rows"]))
-    if report.get("quality"):
-        print()
-        print(quality_table(report["quality"]["comparisons"]))
-        if not report["quality"]["all_match"]:
-            print("DIFFERENCE between greedy outputs: a bug to report to the lead", file=sys.stderr)
-    if out_dir is not None:
-        plots = plot(rows, report["slo"], out_dir)
-        (out_dir / "report.json").write_text(json.dumps(json_safe(report), indent=1))
-        (out_dir / "report.md").write_text(to_markdown(report, plots))
-        print(f"wrote {out_dir / 'report.md'}, {out_dir / 'report.json'}"
-              + "".join(f", {out_dir / p}" for p in plots))
-    return 0 if not report.get("quality") or report["quality"]["all_match"] else 1
+    return write_outputs(assemble(raw), out_dir)
 
 
 if __name__ == "__main__":

@@ -141,8 +141,10 @@ def load_config(path: str | Path | None, *, check_paths: bool = True) -> DeployC
     if not p.is_file():
         raise ConfigError(f"deploy config {str(path)!r} not found; pass a YAML file path")
     try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except Exception as e:  # noqa: BLE001 - YAMLError, RecursionError, PyYAML's errors on bad tags
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(data).__name__}")

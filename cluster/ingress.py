@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from ray import serve
+from starlette.exceptions import HTTPException
 
 from cluster.config import DeployConfig
 from cluster.metrics import Metrics
@@ -33,6 +35,37 @@ app = FastAPI(title="Saaf Infer", version="0.1.0")
 @app.exception_handler(APIError)
 async def _api_error(_: Request, exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+@app.exception_handler(HTTPException)
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """FastAPI's own 404/405 (unknown path, wrong method) in the OpenAI error shape, not {"detail": ...}."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    err = APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=code)
+    return JSONResponse(err.body(), status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+
+# A \u escape of a UTF-16 surrogate in the raw body; only then can the parsed JSON hold a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(data: Any) -> bool:
+    """True when a string (key or value) anywhere in ``data`` is not encodable as UTF-8. Iterative: the
+    body can be nested as deep as the JSON parser allows."""
+    todo = [data]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, str):
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(x, dict):
+            todo.extend(x.keys())
+            todo.extend(x.values())
+        elif isinstance(x, list):
+            todo.extend(x)
+    return False
 
 
 def _validation_message(e: ValidationError) -> tuple[str, str | None]:
@@ -76,11 +109,19 @@ class Ingress:
         if len(body) > limit:
             raise APIError(413, f"request body of {len(body)} bytes exceeds the {limit}-byte limit")
         try:
-            data = json.loads(body.decode("utf-8"))
+            text = body.decode("utf-8")
         except UnicodeDecodeError:
             raise APIError(400, "request body is not valid UTF-8") from None
+        try:
+            data = json.loads(text)
         except json.JSONDecodeError as e:
             raise APIError(400, f"malformed JSON: {e.msg} at position {e.pos}") from None
+        except RecursionError:
+            raise APIError(400, "malformed JSON: nested too deeply") from None
+        except ValueError as e:  # NOTE: e.g. an integer literal over Python's 4300-digit limit
+            raise APIError(400, f"malformed JSON: {e}") from None
+        if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(data):
+            raise APIError(400, "request body has a \\u escape of a lone UTF-16 surrogate; send valid Unicode")
         if not isinstance(data, dict):
             raise APIError(400, "request body must be a JSON object")
         try:

@@ -182,7 +182,12 @@ def load_planner_config(path: str | Path) -> PlannerConfig:
     p = Path(path)
     if not p.is_file():
         raise PlacementError(f"planner config {str(p)!r} does not exist")
-    data = yaml.safe_load(p.read_text())
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise PlacementError(f"planner config {p} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except Exception as e:  # noqa: BLE001 - YAMLError, RecursionError, PyYAML's errors on bad tags
+        raise PlacementError(f"planner config {p} is not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise PlacementError(f"planner config {p} must be a YAML mapping, got {type(data).__name__}")
     cfg = parse_planner_config(data, str(p))

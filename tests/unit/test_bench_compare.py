@@ -211,3 +211,117 @@ def test_check_args_requires_a_bound_and_valid_modes() -> None:
         cmp.check_args(p.parse_args(["--num-requests", "4", "--modes", "colocated,bogus"]))
     rates, modes = cmp.check_args(p.parse_args(["--duration", "10", "--rates", "1,2"]))
     assert rates == [1.0, 2.0] and modes == ["colocated", "disaggregated"]
+
+
+def test_parse_metrics_and_interval_means() -> None:
+    text = ("# HELP saaf_ttft_seconds Time to first token\n"
+            'saaf_ttft_seconds_bucket{le="0.5"} 3.0\n'
+            "saaf_ttft_seconds_sum 2.0\nsaaf_ttft_seconds_count 4.0\n"
+            "saaf_prefill_seconds_sum 1.0\nsaaf_prefill_seconds_count 4.0\n"
+            "saaf_itl_seconds_sum 9.0\n")
+    m1 = cmp.parse_metrics(text)
+    assert m1 == {"saaf_ttft_seconds_sum": 2.0, "saaf_ttft_seconds_count": 4.0,
+                  "saaf_prefill_seconds_sum": 1.0, "saaf_prefill_seconds_count": 4.0}
+    m0 = {"saaf_ttft_seconds_sum": 1.0, "saaf_ttft_seconds_count": 2.0}
+    means = cmp.metric_means(m0, m1)
+    assert means["ttft"] == pytest.approx(0.5)  # (2 - 1) / (4 - 2)
+    assert means["prefill"] == pytest.approx(0.25)
+    assert means["kv_transfer"] is None  # no samples in the interval
+
+
+def _rec(i: int, ttft: float, e2e: float, tokens: int, ok: bool = True) -> dict:
+    return {"index": i, "input_len": 10, "output_len": tokens, "scheduled_s": 0.0, "start_s": 0.0,
+            "status": 200 if ok else 500, "ttft_s": ttft if ok else None, "e2e_s": e2e if ok else None,
+            "itl_s": [], "chunks": tokens, "prompt_tokens": 10, "completion_tokens": tokens if ok else 0,
+            "usage_reported": True, "error_kind": None if ok else "http_500", "error": None}
+
+
+def test_slo_sweep_rejudges_the_same_records() -> None:
+    # TPOT = (e2e - ttft) / (tokens - 1): 0.09 s and 0.06 s for colocated; 0.07 s twice for disaggregated.
+    records = {"colocated": {1.0: [_rec(0, 0.5, 0.5 + 0.09 * 10, 11), _rec(1, 0.5, 0.5 + 0.06 * 10, 11)]},
+               "disaggregated": {1.0: [_rec(0, 0.9, 0.9 + 0.07 * 10, 11), _rec(1, 3.0, 3.0 + 0.07 * 10, 11)]}}
+    durations = {"colocated": {1.0: 10.0}, "disaggregated": {1.0: 10.0}}
+    rows = cmp.slo_sweep(records, durations, ttft_s=2.0, tpot_targets=[0.08, 0.1])
+    at80, at100 = rows
+    assert at80["colocated"]["attainment"] == 0.5 and at80["disaggregated"]["attainment"] == 0.5
+    assert at100["colocated"]["attainment"] == 1.0 and at100["disaggregated"]["attainment"] == 0.5
+    assert at100["goodput_ratio"] == pytest.approx(0.5)
+    table = cmp.sweep_table(rows).splitlines()
+    assert table[2] == "| 80 | 50% / 50% (1.00x) |" and table[3] == "| 100 | 100% / 50% (0.50x) |"
+
+
+def test_token_ids_only_transport_drops_options_our_api_rejects() -> None:
+    import httpx
+
+    seen: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json={"choices": [{"text": "x", "token_ids": [5]}]})
+
+    t = cmp.TokenIdsOnly()
+    t._inner = httpx.MockTransport(handler)
+    with httpx.Client(transport=t) as client:
+        client.post("http://h/v1/completions", json={"prompt": "p", "return_token_ids": True,
+                                                     "return_tokens_as_token_ids": True, "logprobs": 0})
+    assert seen == [{"prompt": "p", "return_token_ids": True}]
+
+
+def _raw() -> dict:
+    rates = [0.5, 1.0]
+    colo_steps = [summary(0.5, 0.5, 1.0), summary(1.0, 0.3, 0.3, tpot_p90=0.12)]
+    dis_steps = [summary(0.5, 0.5, 1.0), summary(1.0, 0.9, 0.9, tpot_p90=0.09)]
+    res = {"wall_s": 10.0, "cpu_cores": {"engine decode-0": 0.9, "serve (ingress)": 0.1}, "machine_busy_cores": 1.2,
+           "machine_other_cores": 0.2,
+           "workers": {"decode-0": {"role": "decode", "samples": 9, "busy_fraction": 0.9, "mean_running_when_busy": 3.0,
+                                    "max_running": 5, "mean_waiting": 0.0, "median_step_s": 0.07}},
+           "transfers": {"count": 2, "outcomes": {"ok": 2}, "transfer_wait_p50_s": 0.05, "transfer_wait_p90_s": 0.1,
+                         "handoff_p50_s": 0.01, "kv_bytes_mean": 1.0, "decode_computed_prompt_tokens_max": 1},
+           "server_means_s": {"ttft": 0.5, "prefill": 0.3, "kv_transfer": 0.05, "queue_wait": None}}
+    recs = [_rec(0, 0.5, 1.4, 11), _rec(1, 0.5, 1.1, 11)]
+    pred = {m: {r: {"ttft_p50": 0.3, "ttft_p90": 0.6, "tpot_p50": 0.07, "tpot_p90": 0.09, "attainment": 1.0,
+                    "goodput_rps": r} for r in rates} for m in cmp.MODES}
+    header = {"command": "python -m benchmarks.compare --num-requests 2", "started_at": "2026-01-01T00:00:00+00:00",
+              "finished_at": "2026-01-01T00:10:00+00:00", "runtime_s": 600.0,
+              "machine": {"nproc": 2, "memory_gib": 24.0, "cpu_model": "Xeon", "loadavg": ["1", "2", "3"]},
+              "machine_end": {"loadavg": ["1", "1", "1"]}, "git": {"commit": "abc", "dirty": True},
+              "model": "smollm2", "rates": rates, "num_requests": 2, "duration_s": None, "seed": 0,
+              "policy": "least_loaded", "workload": {"name": "chat"}, "slo": {"ttft_s": 2.0, "tpot_s": 0.1},
+              "attainment_target": 0.9, "tpot_targets": [0.08, 0.1], "profile": "manifests/profiles/x.yaml",
+              "engine": {"max_model_len": 2048, "kv_cache_mib": 256},
+              "shapes": {"colocated": {"engines": 2, "pools": {"colocated": 2}},
+                         "disaggregated": {"engines": 2, "pools": {"prefill": 1, "decode": 1}}}}
+    q = [{"id": "a", "text": "x", "token_ids": [1]}]
+    return {"report": header,
+            "parts": {"colocated": {"steps": colo_steps, "resources": {0.5: res, 1.0: res}},
+                      "disaggregated": {"steps": dis_steps, "resources": {0.5: res, 1.0: res}}},
+            "records": {m: {r: recs for r in rates} for m in cmp.MODES}, "pred": pred,
+            "quality_outputs": {"colocated": q, "disaggregated": q,
+                                "offline": [{"id": "a", "text": "y", "token_ids": [2]}]},
+            "offline_error": None}
+
+
+def test_report_rebuilds_from_raw_json(tmp_path) -> None:
+    (tmp_path / "raw.json").write_text(json.dumps(cmp.json_safe(_raw())))
+    report = cmp.assemble(cmp.load_raw(tmp_path / "raw.json"))
+    assert [r["goodput_ratio"] for r in report["rows"]] == pytest.approx([1.0, 3.0])
+    assert report["slo_capacity"] == {"colocated": 0.5, "disaggregated": 1.0}
+    assert not report["quality"]["all_match"]
+    assert cmp.write_outputs(report, tmp_path) == 1  # the offline difference is a bug: exit status 1
+    md = (tmp_path / "report.md").read_text()
+    for text in ("## Goodput", "## Planner check", "## The same requests judged at other TPOT targets",
+                 "## Quality: greedy outputs", "This is a bug to report to the lead", "## Where the CPU went",
+                 "git commit: `abc` (working tree had uncommitted changes)", "| 1 | 30% | 90% |"):
+        assert text in md
+    assert json.loads((tmp_path / "report.json").read_text())["rows"][1]["winner"] == "disaggregated"
+    assert cmp.main(["--from-raw", str(tmp_path / "raw.json")]) == 1
+
+
+def test_foreign_load_flags_steps_with_other_peoples_cpu() -> None:
+    res = {"colocated": {0.5: {"machine_other_cores": 0.7}, 1.0: {"machine_other_cores": 0.0}},
+           "disaggregated": {0.5: {"machine_other_cores": 0.1}, 1.0: {"machine_other_cores": 0.3}}}
+    fl = cmp.foreign_load(res, 0.25)
+    assert fl["rates"] == [0.5, 1.0]
+    assert fl["steps"] == {"colocated 0.5": 0.7, "disaggregated 1": 0.3}
+    rows = cmp.side_by_side([summary(0.5, 0.5, 1.0)], [summary(0.5, 0.5, 1.0)])
+    assert "| 0.5 (!) |" in cmp.goodput_table(rows, fl["rates"])
