@@ -14,7 +14,7 @@ import ray
 
 pytestmark = pytest.mark.integration
 
-TTFT_MS, TPOT_MS, BURST = 2500, 500, 20
+TTFT_MS, TPOT_MS, BURST = 4000, 500, 20
 
 
 @pytest.fixture(scope="module")
@@ -92,14 +92,15 @@ def test_burst_with_admission_beats_admission_off(endpoint, admission_endpoint, 
     rejected = [r for r in on if r["status"] == 429]
     admitted = [r for r in on if r["status"] == 200]
     assert {r["status"] for r in on} <= {200, 429}
-    assert rejected, "a burst of 20 on one prefill engine must exceed what meets a 2.5 s TTFT"
+    assert rejected, "a burst of 20 on one prefill engine must exceed what meets a 4 s TTFT"
     assert all(r["retry_after"] and '"error"' in r["body"] for r in rejected)
     assert max(r["e2e"] for r in rejected) < 5  # refused at once, not after a long wait
     att_off = sum(r["met"] for r in off) / len(off)
     att_admitted = sum(r["met"] for r in admitted) / len(admitted)
     print(f"\nadmission off: attainment {att_off:.0%}, max e2e {max(r['e2e'] for r in off):.1f}s; "
           f"admission on: {len(admitted)} admitted, {len(rejected)} rejected, attainment of admitted "
-          f"{att_admitted:.0%}, overall {sum(r['met'] for r in admitted) / len(on):.0%}")
+          f"{att_admitted:.0%}, overall {sum(r['met'] for r in admitted) / len(on):.0%}; admitted (ttft, tpot): "
+          f"{[(round(r['ttft'] or -1, 2), round(r['tpot'] or -1, 3)) for r in admitted]}")
     assert att_admitted > att_off
     # The metrics scraped around the run count exactly what the clients saw.
     for outcome, n in (("rejected", len(rejected)), ("ok", len(admitted))):
