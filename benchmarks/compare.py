@@ -1081,8 +1081,8 @@ def resources_table(rows: Sequence[dict[str, Any]], resources: dict[str, dict[fl
                 ", ".join(f"{k} {v:.2f}" for k, v in eng.items()),
                 ", ".join(f"{k.split(' ')[0]} {v:.2f}" for k, v in rest.items()),
                 f"{res['machine_other_cores']:.2f}" + (" (!)" if res["machine_other_cores"] > limit else ""),
-                ", ".join(f"{w} {v['mean_running_when_busy']:.1f}/{v['max_running']} ({v['busy_fraction']:.0%})"
-                          for w, v in loads.items()),
+                ", ".join(f"{w} {v['mean_running_when_busy']:.1f}/{v['max_running']} ({v['busy_fraction']:.0%}), "
+                          f"waiting {v['mean_waiting']:.1f}" for w, v in loads.items()),
                 ", ".join(f"{w} {fmt_ms(v['median_step_s'])}" for w, v in loads.items()),
                 ", ".join(f"{w} {v.get('mean_kv_usage', 0):.0%}/{v.get('max_kv_usage', 0):.0%}" for w, v in loads.items()),
                 "-" if not tr.get("count") else
@@ -1091,7 +1091,7 @@ def resources_table(rows: Sequence[dict[str, Any]], resources: dict[str, dict[fl
                 " / ".join(fmt_ms(sm.get(k)) for k in ("ttft", "prefill", "kv_transfer")),
             ])
     return md_table(["rate", "mode", "engine cores (worker+EngineCore)", "other cores of ours", "cores not ours",
-                     "running batch mean-when-busy/max (busy %)", "median step ms", "KV cache use mean/max",
+                     "running batch mean-when-busy/max (busy %), mean waiting", "median step ms", "KV cache use mean/max",
                      "KV transfers",
                      "server mean ms: TTFT / prefill / KV wait"], body)
 
@@ -1171,7 +1171,10 @@ def to_markdown(report: dict[str, Any], plots: Sequence[str]) -> str:
            "Per rate step: cores used (CPU-seconds / step wall time) by each engine (Ray actor + its vLLM "
            "EngineCore), by the rest of this run's processes (driver = load client, Serve, Ray), and by "
            "processes not ours (other work on the box); the workers' running batch from `/v1/stats` sampled "
-           "every second (mean over samples where it was > 0 / max, busy % of samples); median engine step; "
+           "every second (mean over samples where it was > 0 / max, busy % of samples; a prefill worker counts its "
+           "prompt as waiting until the prompt is done, so its running count stays 0: read its load from its "
+           "cores); median engine step (as the engine's stat logger records it: for a mostly idle engine this "
+           "includes idle gaps); "
            "KV transfer telemetry; the ingress's own means from `/metrics` over the step (TTFT as the server "
            "sees it; prefill on the prefill worker; KV wait = decode submit to first decode output).", "", resources_table(report["rows"], report["resources"], report["foreign_load"]["limit_cores"]), "",
            "## Findings (computed from the numbers above)", ""]

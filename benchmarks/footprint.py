@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from cluster.procs import descendants
+from engine.procs import descendants
 
 READY = "OpenAI-compatible endpoint:"
 

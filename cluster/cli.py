@@ -126,7 +126,7 @@ def shutdown_embedded() -> None:
     import ray
     from ray import serve
 
-    from cluster.procs import descendants, reap
+    from engine.procs import descendants, reap
 
     ours = descendants(os.getpid())
     try:

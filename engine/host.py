@@ -93,6 +93,11 @@ class EngineHost:
         self.engine = AsyncLLM.from_engine_args(
             AsyncEngineArgs(**kwargs), stat_loggers=[make_stat_logger_factory(self.totals)]
         )
+        if self.device == "cpu" and kv_kwargs is not None:
+            from engine.procs import reset_affinity
+
+            n = reset_affinity(os.getpid(), set(os.sched_getaffinity(0)))
+            logger.info("re-allowed %d EngineCore threads on all CPUs (NixlConnector pins them to one)", n)
         vc = self.engine.vllm_config
         self.block_size = vc.cache_config.block_size
         self.num_gpu_blocks = vc.cache_config.num_gpu_blocks or 0

@@ -33,8 +33,8 @@ def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    from cluster.procs import descendants, reap
     from cluster.runtime import LOOPBACK_ENV
+    from engine.procs import descendants, reap
 
     port = _port()
     env = dict(os.environ, **LOOPBACK_ENV)

@@ -126,8 +126,8 @@ class Client:
 @pytest.fixture
 def deploy_cli(tmp_path):
     """The deploy CLI in a subprocess with its own embedded Ray; ended and reaped whatever happens."""
-    from cluster.procs import descendants, reap
     from cluster.runtime import LOOPBACK_ENV
+    from engine.procs import descendants, reap
 
     port = _port()
     cfg = {"name": "sigterm", "mode": "disaggregated",
@@ -168,7 +168,7 @@ def deploy_cli(tmp_path):
 
 
 def test_sigterm_with_streams_in_flight(deploy_cli):
-    from cluster.procs import descendants
+    from engine.procs import descendants
 
     proc, endpoint, lines, family = deploy_cli
     model = httpx.get(f"{endpoint}/v1/models", timeout=10).json()["data"][0]["id"]
