@@ -555,31 +555,10 @@ def process_affinity(workers: dict[int, str]) -> dict[str, list[dict[str, Any]]]
 
 def reset_affinity(pids: Sequence[int], cpus: set[int]) -> int:
     """Allow every thread of ``pids`` and their descendants to run on ``cpus``; returns threads changed.
+    (EngineHost already does this at start; kept so runs against older deployments compare like for like.)"""
+    from engine.procs import reset_affinity as reset_one
 
-    NOTE: vLLM 0.32's NixlConnector worker on CPU calls ``os.sched_setaffinity(0, [last core of each NUMA
-    node])`` in the EngineCore's main thread (nixl/base_worker.py, "reserve different cores for
-    start_load_kv()"), so every prefill and decode engine ends up on the same single core while
-    colocated engines (no connector) use them all. This undoes it for a like-for-like comparison."""
-    table = _proc_table()
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    changed, todo = 0, list(pids)
-    while todo:
-        p = todo.pop()
-        todo.extend(children.get(p, []))
-        try:
-            tids = [int(t.name) for t in Path(f"/proc/{p}/task").iterdir()]
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                if set(os.sched_getaffinity(tid)) != cpus:
-                    os.sched_setaffinity(tid, cpus)
-                    changed += 1
-            except OSError:
-                continue
-    return changed
+    return sum(reset_one(p, cpus) for p in pids)
 
 
 def idle_probe(endpoint: str, model: str, n: int, timeout_s: float, input_len: int = 512,

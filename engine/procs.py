@@ -60,13 +60,13 @@ def reap(pids: list[int], grace_s: float = 10.0) -> list[int]:
 
 
 def reset_affinity(pid: int, cpus: set[int]) -> int:
-    """Allow every thread of ``pid``'s descendants to run on ``cpus``; returns threads changed.
+    """Allow every thread of ``pid`` and its descendants to run on ``cpus``; returns threads changed.
 
     NOTE: vLLM 0.32's NixlConnector on CPU pins its EngineCore to the last core of each NUMA node
     (nixl/base_worker.py, cores reserved for start_load_kv), so every prefill and decode engine of a node
     ends up sharing one core while the others idle (measured by benchmarks/compare.py)."""
     changed = 0
-    for p in descendants(pid):
+    for p in [pid, *descendants(pid)]:
         try:
             tids = [int(t.name) for t in Path(f"/proc/{p}/task").iterdir()]
         except OSError:
