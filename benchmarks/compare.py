@@ -699,7 +699,8 @@ def _parser() -> argparse.ArgumentParser:
            "would turn later steps' prefills into cache hits)")
     a("--engine-affinity", default="all", choices=("all", "keep"),
       help="all: let every engine thread use every CPU after deploy (undoes vLLM's NIXL connector pinning "
-           "P/D engines to one core on CPU); keep: measure the deployment exactly as it starts")
+           "P/D engines to one core on CPU, should the engine not have done it itself); keep: measure the "
+           "deployment exactly as it starts")
     a("--foreign-limit", type=float, default=0.25,
       help="cores other processes may use during a step before it counts as disturbed (shared machines)")
     a("--quiet-wait", type=float, default=120.0,
