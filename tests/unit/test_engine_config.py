@@ -22,8 +22,8 @@ def test_gpu_settings_have_no_cpu_only_keys():
     assert kw["tensor_parallel_size"] == 4 and kw["distributed_executor_backend"] == "ray"
     assert "kv_cache_memory_bytes" not in kw and kw["gpu_memory_utilization"] == 0.85
     assert kw["dtype"] == "bfloat16" and "enforce_eager" not in kw
-    env = EngineConfig(device="cuda").process_env("10.0.0.5")
-    assert "OMP_NUM_THREADS" not in env and env["VLLM_HOST_IP"] == "10.0.0.5"
+    env = EngineConfig(device="cuda").process_env("198.51.100.5")
+    assert "OMP_NUM_THREADS" not in env and env["VLLM_HOST_IP"] == "198.51.100.5"
 
 
 def test_auto_device_must_be_resolved_first():

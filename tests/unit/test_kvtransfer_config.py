@@ -29,9 +29,9 @@ def test_env_loopback_vs_cluster():
     cfg = TransferConfig()
     lo = transfer_env(cfg, 5601, "cpu", "127.0.0.1")
     assert lo["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1" and lo["UCX_NET_DEVICES"] == "lo"
-    node = transfer_env(cfg, 5601, "cuda", "10.1.2.3")
-    assert node["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.1.2.3" and "UCX_NET_DEVICES" not in node
-    tuned = transfer_env(TransferConfig(ucx_tls="tcp", ucx_net_devices="eth0"), 1, "cpu", "10.1.2.3")
+    node = transfer_env(cfg, 5601, "cuda", "198.51.100.3")
+    assert node["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "198.51.100.3" and "UCX_NET_DEVICES" not in node
+    tuned = transfer_env(TransferConfig(ucx_tls="tcp", ucx_net_devices="eth0"), 1, "cpu", "198.51.100.3")
     assert tuned["UCX_TLS"] == "tcp" and tuned["UCX_NET_DEVICES"] == "eth0"
 
 
