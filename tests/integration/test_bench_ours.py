@@ -16,8 +16,12 @@ pytestmark = pytest.mark.integration
 
 def _tokens(endpoint: str) -> dict[str, float]:
     text = httpx.get(f"{endpoint}/metrics", timeout=10).text
-    return {k: float(re.search(rf'^saaf_tokens_total\{{kind="{k}"\}} ([0-9.e+]+)$', text, re.M).group(1))
-            for k in ("input", "output")}
+    out = {}
+    for k in ("input", "output"):
+        # NOTE: a labelled counter has no sample until its first request: absent means 0.
+        m = re.search(rf'^saaf_tokens_total\{{kind="{k}"\}} ([0-9.e+]+)$', text, re.M)
+        out[k] = float(m.group(1)) if m else 0.0
+    return out
 
 
 def test_benchmark_against_our_endpoint(endpoint, model_name):
