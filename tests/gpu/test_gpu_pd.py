@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 
 import httpx
 import pytest
 
+from kvtransfer.config import free_port
+
 pytestmark = pytest.mark.gpu
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +29,7 @@ def gpu_deployment():
         "engine": {"model": os.environ.get("SAAF_GPU_TEST_MODEL", "smollm2"), "device": "cuda",
                    "gpu_memory_utilization": 0.25, "gpu_fraction": 0.3, "max_model_len": 2048},
         "pools": {"prefill": 1, "decode": 1},
-        "serve": {"port": _port()},
+        "serve": {"port": free_port()},
         "ray": {"namespace": "saaf-gpu-test"},
     })
     info = deploy.start(cfg, ready_timeout_s=600)

@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
+
+from kvtransfer.config import free_port
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +38,7 @@ def deployment(ray_session):
         "engine": {"model": "smollm2", "kv_cache_mib": 128, "max_model_len": 1024},
         "pools": {"prefill": 1, "decode": 1},
         "transfer": {"transfer_timeout_s": 20, "kv_lease_s": 10},
-        "serve": {"port": _free_port(), "request_timeout_s": 120, "token_timeout_s": 60},
+        "serve": {"port": free_port(), "request_timeout_s": 120, "token_timeout_s": 60},
         "ray": {"namespace": "saaf-test"},
         "worker_cpus": 1,
     })

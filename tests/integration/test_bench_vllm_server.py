@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,18 +23,13 @@ from benchmarks.report import write_report
 from benchmarks.serve import run_benchmark
 from benchmarks.stats import SLO
 from benchmarks.workload import ChatWorkload
+from kvtransfer.config import free_port
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 HEALTH_TIMEOUT_S = 300.0
 MAX_MODEL_LEN = 512
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -53,7 +47,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
     from engine.models import resolve_model, served_name
 
     model_dir, name = resolve_model("tiny-llama"), served_name("tiny-llama")
-    port = _free_port()
+    port = free_port()
     env = os.environ | {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
                         "VLLM_HOST_IP": "127.0.0.1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"

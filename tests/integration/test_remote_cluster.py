@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,13 +16,9 @@ import httpx
 import pytest
 import yaml
 
+from kvtransfer.config import free_port
+
 pytestmark = pytest.mark.integration
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -36,7 +31,7 @@ def ray_cluster():
     from cluster.runtime import LOOPBACK_ENV
     from engine.procs import descendants, reap
 
-    port = _port()
+    port = free_port()
     env = dict(os.environ, **LOOPBACK_ENV)
     proc = subprocess.Popen(
         [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block", "--num-cpus=8",
@@ -54,7 +49,7 @@ def ray_cluster():
         proc.terminate()
         pytest.fail("ray start did not come up in 90 s")
     # NOTE: one Serve instance per Ray cluster; its HTTP port is fixed by the first deployment.
-    yield address, _port()
+    yield address, free_port()
     ours = descendants(proc.pid)
     proc.send_signal(signal.SIGTERM)
     try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,8 @@ import httpx
 import pytest
 import yaml
 
+from kvtransfer.config import free_port
+
 pytestmark = pytest.mark.integration
 
 READY_S = 300  # deploy CLI to "OpenAI-compatible endpoint" (Ray start + two tiny engines)
@@ -34,12 +35,6 @@ IN_FLIGHT_S = 60  # until every stream has its first events
 CLIENT_S = 60  # each client must be done this long after SIGTERM
 EXIT_S = 90  # the CLI must have exited this long after SIGTERM
 SHORT, LONG = 100, 1800  # max_tokens: well inside Serve's 20 s drain / well past it (tiny-llama ~100 tok/s)
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start_time(pid: int) -> str | None:
@@ -129,7 +124,7 @@ def deploy_cli(tmp_path):
     from cluster.runtime import LOOPBACK_ENV
     from engine.procs import descendants, reap
 
-    port = _port()
+    port = free_port()
     cfg = {"name": "sigterm", "mode": "disaggregated",
            "engine": {"model": "tiny-llama", "kv_cache_mib": 32, "max_model_len": 2048},
            "pools": {"prefill": 1, "decode": 1}, "serve": {"port": port},
