@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,37 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.procs import descendants
-
-READY = "OpenAI-compatible endpoint:"
-
-
-def tree(pid: int) -> list[int]:
-    return [pid, *descendants(pid)]
-
-
-def pss_bytes(pids: list[int]) -> int:
-    total = 0
-    for p in pids:
-        try:
-            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            continue
-    return total
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    tck = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for p in pids:
-        try:
-            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(f[11]) + int(f[12])) / tck
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
+from benchmarks.deployproc import DeployProcess, cpu_seconds, pss_bytes
 
 
 def chat(endpoint: str, model: str, content: str, max_tokens: int) -> dict:
@@ -79,34 +45,19 @@ def main() -> int:
     a = ap.parse_args()
     if not 1 <= a.requests <= 256:
         ap.error(f"--requests {a.requests}: give 1..256")
-    t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "cluster.deploy", "--no-demo"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            lines.append(line)
-            if READY in line:
-                ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
+    dp = DeployProcess()
     res: dict = {}
     try:
-        if not ready.wait(600):
-            print("".join(lines[-30:]))
-            raise SystemExit("deploy did not become ready within 600 s")
-        res["ready_s"] = round(time.monotonic() - t0, 1)
+        res["ready_s"] = round(dp.start(600), 1)
         endpoint = f"http://127.0.0.1:{a.port}"
         model = httpx.get(f"{endpoint}/v1/models", timeout=10).json()["data"][0]["id"]
         time.sleep(2)
-        pids = tree(proc.pid)
+        pids = dp.pids()
         res["processes"] = len(pids)
         res["pss_idle_gib"] = round(pss_bytes(pids) / 2**30, 2)
         c0 = cpu_seconds(pids)
         time.sleep(a.idle_s)
-        res["idle_cpu_cores"] = round((cpu_seconds(tree(proc.pid)) - c0) / a.idle_s, 3)
+        res["idle_cpu_cores"] = round((cpu_seconds(dp.pids()) - c0) / a.idle_s, 3)
         long_prompt = " ".join(f"item{i}" for i in range(260))  # ~1,000 tokens with the chat template
         single = chat(endpoint, model, long_prompt + " Summarise.", 8)
         tel = httpx.get(f"{endpoint}/v1/stats", timeout=10).json()["transfers"][-1]
@@ -119,7 +70,7 @@ def main() -> int:
 
         def sample() -> None:
             while not stop.is_set():
-                peak[0] = max(peak[0], pss_bytes(tree(proc.pid)))
+                peak[0] = max(peak[0], pss_bytes(dp.pids()))
                 time.sleep(0.5)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -136,14 +87,7 @@ def main() -> int:
         res["load_ttft_p50_s"] = round(ttfts[len(ttfts) // 2], 3)
         res["pss_load_peak_gib"] = round(peak[0] / 2**30, 2)
     finally:
-        pids = tree(proc.pid)
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        time.sleep(2)
-        res["left_running_after_sigterm"] = sum(Path(f"/proc/{p}").exists() for p in pids)
+        res["left_running_after_sigterm"] = dp.stop(90)
     for k, v in res.items():
         print(f"{k:32} {v}")
     if a.out:

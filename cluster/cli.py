@@ -106,13 +106,14 @@ def _deploy(cfg, args) -> int:
             return 0
         print("serving; press Ctrl-C to stop", flush=True)
         stop_event.wait()
-        print("shutting down ...", flush=True)
-        deploy.stop(info["config"])
+        print(f"shutting down: new requests get 503; in-flight ones get up to "
+              f"{info['config'].serve.drain_timeout_s:.0f}s ...", flush=True)
+        print(deploy.drain_summary(deploy.stop(info["config"])), flush=True)
         return 0
     except (ConfigError, TimeoutError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         if not embedded:
-            deploy.stop(cfg)
+            deploy.stop(cfg, drain_timeout_s=0)
         return 1
     finally:
         if embedded:

@@ -25,6 +25,20 @@ class PoolSizes(BaseModel):
     prefill_pp: int | None = Field(None, ge=1, description="Pipeline stages of prefill engines")
     decode_tp: int | None = Field(None, ge=1, description="Tensor parallel size of decode engines")
     decode_pp: int | None = Field(None, ge=1, description="Pipeline stages of decode engines")
+    node_packing: list[list[str]] | None = Field(
+        None, description="Engines per node, e.g. [[P0, D0], [P1, D1]] (the planner's node packing); "
+                          "None = prefill/decode pairs packed first-fit (cluster/placer.py)")
+
+    @model_validator(mode="after")
+    def _packing(self) -> PoolSizes:
+        if self.node_packing is not None:
+            from cluster.placer import PlacementError, check_packing
+
+            try:
+                check_packing(self.node_packing, self.prefill, self.decode)
+            except PlacementError as e:
+                raise ValueError(str(e)) from None
+        return self
 
 
 class SLOConfig(BaseModel):
@@ -80,6 +94,16 @@ class ServeConfig(BaseModel):
         90, gt=0, description="Max seconds a request waits for a pool with no healthy worker (restarts)"
     )
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request omits it")
+    drain_timeout_s: float = Field(
+        30, ge=0, le=3600, description="On shutdown (SIGTERM, `shutdown`): seconds in-flight requests get to "
+                                       "finish while new ones get 503; then the rest end with an error")
+
+
+class HealthConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    interval_s: float = Field(2.0, gt=0, le=60, description="Seconds between health checks of each worker")
+    timeout_s: float = Field(5.0, gt=0, le=300, description="A worker answering slower than this missed a check")
+    failures: int = Field(3, ge=1, le=100, description="Missed checks in a row before a worker is replaced")
 
 
 class RayConfig(BaseModel):
@@ -101,6 +125,7 @@ class DeployConfig(BaseModel):
     router: RouterConfig = Field(default_factory=RouterConfig)
     slo: SLOConfig = Field(default_factory=SLOConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     planner: dict[str, Any] | str | None = Field(
         None, description="Planner inputs inline, or a planner YAML path (docs/placement.md); for pools: auto"

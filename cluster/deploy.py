@@ -27,6 +27,21 @@ def resolve_device(cfg: DeployConfig, nodes: list[dict[str, Any]]) -> DeployConf
     return cfg.model_copy(update={"engine": engine})
 
 
+def resolve_backends(cfg: DeployConfig, nodes: list[dict[str, Any]]) -> DeployConfig:
+    """transfer.backends unset: take the NIXL backend from the nodes' saaf.io/nixl-backend label."""
+    from kvtransfer.config import DEFAULT_BACKENDS, backends_from_labels
+
+    if cfg.transfer.backends:
+        return cfg
+    try:
+        found = backends_from_labels([n.get("labels") or {} for n in nodes])
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    backends = found or list(DEFAULT_BACKENDS)
+    logger.info("NIXL backends %s (%s)", backends, "from node labels" if found else "default")
+    return cfg.model_copy(update={"transfer": cfg.transfer.model_copy(update={"backends": backends})})
+
+
 def pool_sizes(cfg: DeployConfig) -> dict[str, int]:
     if cfg.pools == "auto":
         raise ConfigError("pools: auto must be resolved by the planner before starting pools")
@@ -106,7 +121,7 @@ def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
     from engine.models import resolve_model, served_name
 
     nodes = cluster_gpus()
-    cfg = resolve_device(cfg, nodes)
+    cfg = resolve_backends(resolve_device(cfg, nodes), nodes)
     sizes = pool_sizes(cfg)
     check_resources(cfg, sizes, nodes)
     t0 = time.monotonic()
@@ -133,7 +148,7 @@ def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
         timings["pools_s"] = time.monotonic() - t0
         wait_until_healthy(endpoint, ready_timeout_s)
     except BaseException:
-        stop(cfg)
+        stop(cfg, drain_timeout_s=0)
         raise
     logger.info("startup phases (s since start): %s", {k: round(v, 1) for k, v in timings.items()})
     return {"endpoint": endpoint, "model": cfg.engine.served_model_name or served_name(cfg.engine.model),
@@ -172,14 +187,14 @@ def fabric_check(cfg: DeployConfig) -> list[Any]:
     except ImportError:
         logger.warning("kvtransfer.fabric not available; skipping the fabric check")
         return []
-    from kvtransfer.config import transfer_env
+    from kvtransfer.config import backend_list, transfer_env
 
     memory = "VRAM" if cfg.engine.device == "cuda" else "DRAM"
     node_ip = ray_node_ip()
     env = {k: v for k, v in transfer_env(cfg.transfer, 0, cfg.engine.device, node_ip).items()
            if k.startswith("UCX_")}
     results = run_fabric_check(fabric_pairs_from_cluster(), nbytes=cfg.transfer.fabric_check_mib << 20,
-                               memory=memory, backends=tuple(cfg.transfer.backends), env=env)
+                               memory=memory, backends=tuple(backend_list(cfg.transfer)), env=env)
     for r in results:
         logger.info("fabric %s -> %s: %s %.2f GB/s", r.prefill_node[:8], r.decode_node[:8],
                     "ok" if r.ok else f"FAILED ({r.error})", r.gbps or 0.0)
@@ -203,11 +218,59 @@ def _kill_controller(controller: Any) -> None:
     ray.kill(controller, no_restart=True)
 
 
-def stop(cfg: DeployConfig) -> None:
-    """Remove the Serve app and every worker of the deployment; the Ray cluster stays up."""
+def drain(cfg: DeployConfig, timeout_s: float | None = None) -> dict[str, Any] | None:
+    """Graceful stop of the app's admission: new requests get 503 at once; in-flight ones get up to
+    ``timeout_s`` (serve.drain_timeout_s) to finish, then end with an error event / 503 at their next token.
+    Returns {"inflight", "drained_s", "aborted"}, or None when the app is not running."""
+    from ray import serve
+
+    timeout_s = cfg.serve.drain_timeout_s if timeout_s is None else timeout_s
+    try:
+        handle = serve.get_app_handle(cfg.name)
+        inflight = handle.begin_drain.remote().result(timeout_s=10)
+    except Exception as e:  # noqa: BLE001 - no app, or its replica is gone: nothing to drain
+        logger.info("drain %s: %s", cfg.name, e)
+        return None
+    t0 = time.monotonic()
+    if inflight:
+        logger.warning("draining %d in-flight request(s), up to %.0fs", inflight, timeout_s)
+    left = _wait_inflight(handle, t0 + timeout_s)
+    aborted = left
+    if left:
+        logger.warning("%d request(s) still running after %.0fs; ending them with an error", left, timeout_s)
+        handle.abort_inflight.remote().result(timeout_s=10)
+        left = _wait_inflight(handle, time.monotonic() + 10)
+    return {"inflight": inflight, "drained_s": round(time.monotonic() - t0, 2), "aborted": aborted,
+            "left": left}
+
+
+def drain_summary(d: dict[str, Any] | None) -> str:
+    if d is None:
+        return "no running app to drain"
+    return (f"drained {d['inflight']} in-flight request(s) in {d['drained_s']:.1f}s"
+            + (f"; {d['aborted']} still running at the deadline ended with an error" if d["aborted"] else ""))
+
+
+def _wait_inflight(handle: Any, deadline: float) -> int:
+    left = -1
+    while True:
+        try:
+            left = handle.inflight_requests.remote().result(timeout_s=10)
+        except Exception as e:  # noqa: BLE001 - the replica died: its requests died with it
+            logger.warning("in-flight count unavailable: %s", e)
+            return 0
+        if left <= 0 or time.monotonic() > deadline:
+            return max(left, 0)
+        time.sleep(0.2)
+
+
+def stop(cfg: DeployConfig, *, drain_timeout_s: float | None = None) -> dict[str, Any] | None:
+    """Drain (see drain()), then remove the Serve app and every worker of the deployment; the Ray
+    cluster stays up. Returns the drain summary."""
     import ray
     from ray import serve
 
+    drained = drain(cfg, drain_timeout_s)
     try:
         serve.delete(cfg.name)
     except Exception as e:  # noqa: BLE001
@@ -215,8 +278,9 @@ def stop(cfg: DeployConfig) -> None:
     try:
         controller = ray.get_actor(controller_name(cfg), namespace=cfg.ray.namespace)
     except ValueError:
-        return
+        return drained
     _kill_controller(controller)
+    return drained
 
 
 def pool_table(workers: list[dict[str, Any]]) -> str:

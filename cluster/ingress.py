@@ -49,6 +49,10 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
+def shutting_down(message: str) -> APIError:
+    return APIError(503, message, type_="service_unavailable", code="shutting_down", headers={"Retry-After": "5"})
+
+
 def _has_lone_surrogate(data: Any) -> bool:
     """True when a string (key or value) anywhere in ``data`` is not encodable as UTF-8. Iterative: the
     body can be nested as deep as the JSON parser allows."""
@@ -96,6 +100,9 @@ class Ingress:
         controller = ray.get_actor(controller_name, namespace=self.cfg.ray.namespace)
         self.state = RoutingState(self.cfg, controller, self.metrics)
         self.state.start()
+        self.draining = False  # shutdown began: new requests get 503
+        self.aborting = False  # the drain grace period is over: in-flight requests end with an error
+        self.inflight = 0
 
     # ---- request parsing -------------------------------------------------------------------------
     async def _parse(self, request: Request, model_cls: type) -> Any:
@@ -190,8 +197,9 @@ class Ingress:
     # ---- routes ----------------------------------------------------------------------------------
     @app.get("/health")
     async def health(self) -> JSONResponse:
-        ready = self.state.ready()
-        body = {"status": "ok" if ready else "starting", "workers": self.state.summary()}
+        ready = self.state.ready() and not self.draining
+        status = "draining" if self.draining else "ok" if ready else "starting"
+        body = {"status": status, "workers": self.state.summary()}
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/v1/models")
@@ -216,19 +224,53 @@ class Ingress:
         return await self._serve(request, ChatRequest, chat=True)
 
     async def _serve(self, request: Request, model_cls: type, chat: bool) -> Response:
+        if self.draining:
+            raise shutting_down("the server is shutting down and takes no new requests; retry shortly")
         req = await self._parse(request, model_cls)
         ids = self._prompt_ids(req)
         max_tokens = self._max_tokens(req, len(ids))
         ttft_slo, tpot_slo = self._slo(request)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         route = RouteRequest(len(ids), max_tokens, ttft_slo, tpot_slo, hash(tuple(ids[:64])))
-        run = self.state.run(rid, ids, req.sampling(max_tokens), route)
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            first = await self.state.first_or_error(run)  # errors before the first token become HTTP errors
-            return StreamingResponse(self._sse(rid, chat, first, run, len(ids), include_usage),
-                                     media_type="text/event-stream")
-        return JSONResponse(await self._whole(rid, chat, run, len(ids), req.return_token_ids))
+        self.inflight += 1
+        streaming = False
+        try:
+            run = self._abortable(self.state.run(rid, ids, req.sampling(max_tokens), route))
+            if req.stream:
+                include_usage = bool(req.stream_options and req.stream_options.include_usage)
+                first = await self.state.first_or_error(run)  # errors before the first token become HTTP errors
+                response = StreamingResponse(self._sse(rid, chat, first, run, len(ids), include_usage),
+                                             media_type="text/event-stream")
+                streaming = True  # NOTE: _sse ends the in-flight count when the stream ends
+                return response
+            return JSONResponse(await self._whole(rid, chat, run, len(ids), req.return_token_ids))
+        finally:
+            if not streaming:
+                self.inflight -= 1
+
+    async def _abortable(self, run: AsyncIterator[dict]) -> AsyncIterator[dict]:
+        """The request's output, ended with a 503 error once the shutdown grace period is over."""
+        try:
+            async for d in run:
+                if self.aborting:
+                    raise shutting_down("the server shut down before this request finished; retry it")
+                yield d
+        finally:
+            await run.aclose()
+
+    # ---- graceful shutdown (called through the app's Serve handle by cluster.deploy.stop) ----------
+    async def begin_drain(self) -> int:
+        """Stop admitting: new requests get 503 and /health says draining. Returns requests in flight."""
+        self.draining = True
+        return self.inflight
+
+    async def inflight_requests(self) -> int:
+        return self.inflight
+
+    async def abort_inflight(self) -> int:
+        """The grace period is over: every request still running ends at its next token with an error."""
+        self.aborting = True
+        return self.inflight
 
     async def _whole(self, rid: str, chat: bool, run: AsyncIterator[dict], n_prompt: int,
                      with_ids: bool) -> dict[str, Any]:
@@ -276,6 +318,7 @@ class Ingress:
         except APIError as e:
             yield "data: " + json.dumps(e.body()) + "\n\n"
         finally:
+            self.inflight -= 1
             await run.aclose()
         if include_usage:
             yield "data: " + json.dumps({"id": rid, "object": obj, "created": created, "model": self.model_name,

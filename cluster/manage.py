@@ -50,8 +50,8 @@ def _status(ctl, args) -> int:
 
     cfg = DeployConfig.model_validate(ray.get(ctl.config.remote(), timeout=30))
     rows = []
+    _, members = ray.get(ctl.members.remote(), timeout=30)
     for w in ray.get(ctl.describe.remote(), timeout=30):
-        _, members = ray.get(ctl.members.remote(), timeout=30)
         handle = next((h for wid, _, h, _ in members if wid == w["worker_id"]), None)
         stats, healthy = None, False
         if handle is not None:
@@ -60,8 +60,10 @@ def _status(ctl, args) -> int:
                 healthy = stats["healthy"]
             except Exception:  # noqa: BLE001 - reported as unhealthy
                 pass
+        info = w["info"] or {}
         rows.append({"worker_id": w["worker_id"], "role": w["role"], "state": w["state"], "healthy": healthy,
-                     "stats": stats})
+                     "node_id": info.get("node_id"), "pinned_node": w["pinned_node"],
+                     "placement_group": w["placement_group"], "bundles": w["bundles"], "stats": stats})
     from cluster.deploy import endpoint_url
 
     endpoint = endpoint_url(cfg) + "/v1"
@@ -70,11 +72,12 @@ def _status(ctl, args) -> int:
                          default=str))
         return 0
     print(f"deployment '{cfg.name}' ({cfg.mode}) endpoint {endpoint}")
-    print("worker        role       state     healthy  waiting  running  kv_usage")
+    print("worker        role       state     healthy  node          waiting  running  kv_usage")
     for r in rows:
         s = r["stats"] or {}
         print(f"{r['worker_id']:<13} {r['role']:<10} {r['state']:<9} {str(r['healthy']):<8} "
-              f"{s.get('waiting', '-'):<8} {s.get('running', '-'):<8} {s.get('kv_usage', '-')}")
+              f"{(r['node_id'] or '-')[:12]:<13} {s.get('waiting', '-'):<8} {s.get('running', '-'):<8} "
+              f"{s.get('kv_usage', '-')}")
     return 0
 
 
@@ -101,9 +104,9 @@ def _shutdown(ctl) -> int:
     import ray
 
     from cluster.config import DeployConfig
-    from cluster.deploy import stop
+    from cluster.deploy import drain_summary, stop
 
     cfg = DeployConfig.model_validate(ray.get(ctl.config.remote(), timeout=30))
-    stop(cfg)
+    print(drain_summary(stop(cfg)))
     print(f"deployment '{cfg.name}' removed; the Ray cluster stays up")
     return 0

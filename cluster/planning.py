@@ -32,5 +32,5 @@ def apply_plan(cfg: DeployConfig) -> DeployConfig:
     else:
         pools = PoolSizes(prefill=plan.prefill.instances, decode=plan.decode.instances,
                           prefill_tp=plan.prefill.tp, prefill_pp=plan.prefill.pp,
-                          decode_tp=plan.decode.tp, decode_pp=plan.decode.pp)
+                          decode_tp=plan.decode.tp, decode_pp=plan.decode.pp, node_packing=plan.node_packing)
     return cfg.model_copy(update={"pools": pools})

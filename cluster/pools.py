@@ -23,6 +23,16 @@ WORKER_CLASSES = {
 }
 
 
+def actor_state(handle: Any) -> str:
+    """ALIVE, RESTARTING, DEAD, ... from Ray's actor table (UNKNOWN if it cannot be read)."""
+    try:
+        from ray._private.state import actors
+
+        return str(actors(actor_id=handle._actor_id.hex()).get("State", "UNKNOWN"))
+    except Exception:  # noqa: BLE001 - a private API; the stats timeout still detects hangs
+        return "UNKNOWN"
+
+
 def worker_class(role: str):
     import importlib
 
@@ -39,6 +49,8 @@ class PoolController:
         self.workers: dict[str, dict[str, Any]] = {}  # id -> {role, handle, info, state}
         self.counter = {"prefill": 0, "decode": 0, "colocated": 0}
         self.version = 0
+        self.events: list[dict[str, Any]] = []  # health replacements, for status and the fault matrix
+        self._health_task: asyncio.Task | None = None
 
     def engine_for(self, role: str):
         """The engine config of one pool: the shared one with the pool's TP/PP from the plan, if any."""
@@ -49,29 +61,57 @@ class PoolController:
         pp = getattr(pools, f"{role}_pp") or ecfg.pipeline_parallel_size
         return ecfg.model_copy(update={"tensor_parallel_size": tp, "pipeline_parallel_size": pp})
 
-    def _spawn(self, role: str) -> str:
-        wid = f"{role}-{self.counter[role]}"
+    def shape_for(self, role: str, gpus_per_node: int | None = None):
+        from cluster.placer import engine_shape
+
+        e = self.engine_for(role)
+        return engine_shape(e.resolved_device(), e.tensor_parallel_size, e.pipeline_parallel_size,
+                            e.gpu_fraction, self.cfg.worker_cpus, gpus_per_node)
+
+    def node_pins(self, sizes: dict[str, int]) -> dict[str, str]:
+        """{engine label (P0, D1): node id} from the plan's node packing (or a first-fit one)."""
+        from cluster import placer
+        from cluster.runtime import cluster_gpus
+
+        if "colocated" in sizes:
+            return {}
+        nodes = cluster_gpus()
+        resource = "GPU" if self.cfg.engine.resolved_device() == "cuda" else "CPU"
+        width = max((n["gpus"] if resource == "GPU" else n["cpus"] for n in nodes), default=0)
+        need = {r: self.shape_for(r, int(width)).capacity.get(resource, 0.0) for r in ("prefill", "decode")}
+        pools = self.cfg.pools
+        packing = pools.node_packing if pools != "auto" and pools.node_packing else placer.default_packing(
+            sizes.get("prefill", 0), need["prefill"], sizes.get("decode", 0), need["decode"], width)
+        pins = placer.map_nodes(packing, need, nodes, resource)
+        logger.info("node packing %s -> %s", packing, {k: v[:12] for k, v in pins.items()})
+        return pins
+
+    def _spawn(self, role: str, node_id: str | None = None) -> str:
+        from cluster import placer
+        from cluster.runtime import cluster_gpus
+
+        index = self.counter[role]
+        wid = f"{role}-{index}"
         self.counter[role] += 1
         ecfg = self.engine_for(role)
+        width = max((n["gpus"] for n in cluster_gpus()), default=0) or None
+        shape = self.shape_for(role, width)
+        pg = placer.create_group(shape, f"{self.cfg.name}-{wid}", node_id)
         opts: dict[str, Any] = {
-            "num_cpus": self.cfg.worker_cpus,
+            "num_cpus": shape.actor_cpus,
+            "num_gpus": shape.actor_gpus,
             "max_restarts": 10,
             "max_task_retries": 0,
             "name": f"{self.cfg.name}-{wid}",
             "lifetime": "detached",
+            "scheduling_strategy": placer.scheduling(pg),
         }
-        if ecfg.resolved_device() == "cuda":
-            if ecfg.gpus_per_engine == 1:
-                opts["num_gpus"] = ecfg.gpu_fraction
-            else:
-                # NOTE: a TP/PP engine drives its GPUs through Ray workers; the actor itself holds none and
-                # vLLM's ray executor packs its bundles on one node (placement group).
-                opts["num_gpus"] = 0
         transfer = self.cfg.transfer.model_dump() if role != "colocated" else None
         cls = ray.remote(worker_class(role))
         handle = cls.options(**opts).remote(wid, ecfg.model_dump(), transfer)
         self.workers[wid] = {"role": role, "handle": handle, "info": None, "state": "starting",
-                             "started_at": time.time()}
+                             "started_at": time.time(), "pg": pg, "node": node_id,
+                             "bundles": shape.bundles}
         return wid
 
     async def _await_ready(self, ids: list[str]) -> None:
@@ -84,14 +124,101 @@ class PoolController:
                 self.workers[wid]["info"] = await asyncio.wait_for(ref, timeout=left)
                 self.workers[wid]["state"] = "ready"
             except Exception as e:  # noqa: BLE001 - reported with the worker's name
-                self.workers[wid]["state"] = "failed"
+                from cluster.placer import group_state
+
+                w = self.workers[wid]
+                w["state"] = "failed"
+                pg_state = group_state(w["pg"])
+                if pg_state != "CREATED":
+                    where = f" on node {w['node'][:12]}" if w["node"] else ""
+                    raise RuntimeError(
+                        f"worker {wid} did not start within {timeout:.0f}s: its placement group "
+                        f"{w['bundles']}{where} is {pg_state} (the cluster has no room for it); free or add "
+                        "resources, or lower the pool sizes") from e
                 raise RuntimeError(f"worker {wid} did not start within {timeout:.0f}s: {e}") from e
         self.version += 1
 
     async def start(self, sizes: dict[str, int]) -> list[dict[str, Any]]:
-        ids = [self._spawn(role) for role, n in sizes.items() for _ in range(n)]
+        from cluster.placer import label_of
+
+        pins = self.node_pins(sizes)
+        ids = [self._spawn(role, pins.get(label_of(role, self.counter[role])))
+               for role, n in sizes.items() for _ in range(n)]
         await self._await_ready(ids)
+        if self._health_task is None:
+            self._health_task = asyncio.get_running_loop().create_task(self._health_loop())
         return [self.workers[w]["info"] for w in ids]
+
+    # ---- health: a worker that stops answering is taken out of routing and replaced -------------------
+    async def _health_loop(self) -> None:
+        hc = self.cfg.health
+        while True:
+            await asyncio.sleep(hc.interval_s)
+            ready = [wid for wid, w in self.workers.items() if w["state"] == "ready"]
+            await asyncio.gather(*(self._check(wid) for wid in ready), return_exceptions=True)
+
+    async def _check(self, wid: str) -> None:
+        hc = self.cfg.health
+        w = self.workers.get(wid)
+        if w is None:
+            return
+        state = actor_state(w["handle"])
+        if state == "DEAD":  # out of restarts: a new worker takes its place
+            w["misses"] = hc.failures
+        elif state not in ("ALIVE", "UNKNOWN"):  # NOTE: Ray is restarting it (a crash)
+            w["misses"] = 0
+            return
+        else:
+            t = time.time()
+            try:
+                await asyncio.wait_for(w["handle"].stats.remote(), timeout=hc.timeout_s)
+                w["misses"] = 0
+                w.pop("first_miss_at", None)
+                return
+            except Exception as e:  # noqa: BLE001 - no answer in time: a miss
+                w["misses"] = w.get("misses", 0) + 1
+                w.setdefault("first_miss_at", t)
+                logger.warning("worker %s missed health check %d/%d: %s", wid, w["misses"], hc.failures,
+                               type(e).__name__)
+        if w["misses"] >= hc.failures and w["state"] == "ready":
+            await self._replace(wid)
+
+    async def _replace(self, wid: str) -> None:
+        """Out of routing at once; Ray restarts the actor (a new engine); back in when it answers."""
+        w = self.workers[wid]
+        event = {"worker_id": wid, "role": w["role"], "first_miss_at": w.pop("first_miss_at", None),
+                 "detected_at": time.time(), "old_engine_id": (w["info"] or {}).get("engine_id")}
+        w["state"], w["misses"] = "replacing", 0
+        self.version += 1
+        logger.warning("worker %s stopped answering health checks; replacing it", wid)
+        try:
+            ray.kill(w["handle"], no_restart=False)
+            # NOTE: the restarted actor answers info() only once its new engine is up.
+            deadline = time.monotonic() + self.cfg.engine.startup_timeout_s
+            while True:
+                try:
+                    w["info"] = await asyncio.wait_for(w["handle"].info.remote(), timeout=30)
+                    break
+                except (TimeoutError, ray.exceptions.RayActorError):
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(1.0)
+            w["state"] = "ready"
+            event.update(outcome="restarted", new_engine_id=w["info"]["engine_id"])
+        except Exception as e:  # noqa: BLE001 - out of restarts, or never came back: start a new worker
+            logger.warning("worker %s could not be restarted (%s); starting a new one", wid, e)
+            role = w["role"]
+            await self._stop(wid)
+            new = self._spawn(role)
+            await self._await_ready([new])
+            event.update(outcome="respawned", new_worker_id=new, new_engine_id=self.workers[new]["info"]["engine_id"])
+        event["ready_at"] = time.time()
+        self.events.append(event)
+        del self.events[:-100]
+        self.version += 1
+
+    def health_events(self) -> list[dict[str, Any]]:
+        return list(self.events)
 
     def config(self) -> dict[str, Any]:
         return self.cfg.model_dump(mode="json")
@@ -103,7 +230,8 @@ class PoolController:
         ]
 
     def describe(self) -> list[dict[str, Any]]:
-        return [{"worker_id": wid, "role": w["role"], "state": w["state"], "info": w["info"]}
+        return [{"worker_id": wid, "role": w["role"], "state": w["state"], "info": w["info"],
+                 "placement_group": w["pg"].id.hex(), "pinned_node": w["node"], "bundles": w["bundles"]}
                 for wid, w in self.workers.items()]
 
     async def scale(self, role: str, target: int, drain_timeout_s: float = 120) -> dict[str, Any]:
@@ -144,7 +272,12 @@ class PoolController:
         except Exception:  # noqa: BLE001
             pass
         ray.kill(w["handle"], no_restart=True)
+        from cluster.placer import remove_group
+
+        remove_group(w["pg"])
 
     async def shutdown(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
         await asyncio.gather(*(self._stop(wid) for wid in list(self.workers)))
         self.version += 1

@@ -37,7 +37,7 @@ def connect(address: str | None, *, num_cpus: int | None, object_store_mib: int,
 
 
 def cluster_gpus() -> list[dict[str, Any]]:
-    """[{node_id, gpus, cpus, memory}] of alive nodes."""
+    """[{node_id, address, gpus, cpus, memory, labels}] of alive nodes."""
     import ray
 
     out = []
@@ -46,5 +46,6 @@ def cluster_gpus() -> list[dict[str, Any]]:
             continue
         r = n.get("Resources", {})
         out.append({"node_id": n["NodeID"], "address": n.get("NodeManagerAddress"), "gpus": int(r.get("GPU", 0)),
-                    "cpus": r.get("CPU", 0), "memory": r.get("memory", 0)})
+                    "cpus": r.get("CPU", 0), "memory": r.get("memory", 0),
+                    "labels": dict(n.get("Labels") or {})})
     return out

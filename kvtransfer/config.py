@@ -27,7 +27,8 @@ class TransferConfig(BaseModel):
     kv_lease_s: int = Field(
         15, ge=6, description="Seconds the prefill engine pins a finished prompt's KV waiting for decode"
     )
-    backends: list[str] = Field(default_factory=lambda: ["UCX"], description="NIXL backends")
+    backends: list[str] | None = Field(
+        None, description="NIXL backends; None = the nodes' saaf.io/nixl-backend label (manifests), else UCX")
     ucx_tls: str | None = Field(None, description="UCX_TLS for the engines; None keeps UCX's choice")
     ucx_net_devices: str | None = Field(
         None, description="UCX_NET_DEVICES; None = 'lo' on a single CPU host, UCX's choice elsewhere"
@@ -49,13 +50,32 @@ def kv_transfer_kwargs(role: Role, engine_id: str, device: str, cfg: TransferCon
         "kv_buffer_device": "cpu" if device == "cpu" else "cuda",
         "kv_load_failure_policy": cfg.failure_policy,
         "kv_connector_extra_config": {
-            "backends": list(cfg.backends),
+            "backends": backend_list(cfg),
             "kv_lease_duration": cfg.kv_lease_s,
             # NOTE: vLLM skips the pull (and silently recomputes on decode) below 64 prompt tokens by
             # default; we always pull so that every disaggregated request really moves its KV.
             "kv_recompute_threshold": 0,
         },
     }
+
+
+DEFAULT_BACKENDS = ("UCX",)
+NODE_LABEL = "saaf.io/nixl-backend"
+
+
+def backend_list(cfg: TransferConfig) -> list[str]:
+    return list(cfg.backends or DEFAULT_BACKENDS)
+
+
+def backends_from_labels(labels: list[dict[str, str]]) -> list[str] | None:
+    """The NIXL backend the cluster's nodes are labelled with (saaf.io/nixl-backend, set by the ray up
+    manifests for their fabric), or None when no node says. Nodes that disagree are an error: the engines
+    of one deployment must share a backend."""
+    found = {lb[NODE_LABEL].strip().upper() for lb in labels if lb.get(NODE_LABEL, "").strip()}
+    if len(found) > 1:
+        raise ValueError(f"nodes disagree on {NODE_LABEL} ({', '.join(sorted(found))}); set transfer.backends "
+                         "in the deploy config, or relabel the nodes")
+    return sorted(found) or None
 
 
 def transfer_env(cfg: TransferConfig, side_channel_port: int, device: str, node_ip: str) -> dict[str, str]:

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from engine.host import EngineError, EngineHost, delta, sampling_params
+from kvtransfer.config import backend_list
 from kvtransfer.handoff import KVHandoff
 
 # NOTE: the connector fills these in when the prefill finishes; this is the "please keep my blocks for a
@@ -49,7 +50,7 @@ class PrefillWorker(EngineHost):
             first_token_id=first["token_ids"][0] if first["token_ids"] else None,
             prefill_s=time.monotonic() - t0,
             created_at=time.time(),
-            backend=",".join(self.transfer_cfg.backends),
+            backend=",".join(backend_list(self.transfer_cfg)),
             memory="DRAM" if self.device == "cpu" else "VRAM",
         )
         return {"first": first, "handoff": handoff.to_dict()}

@@ -40,6 +40,7 @@ def deployment(ray_session):
         "transfer": {"transfer_timeout_s": 20, "kv_lease_s": 10},
         "serve": {"port": free_port(), "request_timeout_s": 120, "token_timeout_s": 60},
         "ray": {"namespace": "saaf-test"},
+        "health": {"interval_s": 1, "timeout_s": 5, "failures": 2},
         "worker_cpus": 1,
     })
     info = deploy.start(cfg, ready_timeout_s=600)

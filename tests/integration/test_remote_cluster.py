@@ -83,6 +83,10 @@ def test_explicit_config_status_scale_under_load_shutdown(ray_cluster, tmp_path)
     status = json.loads(st.stdout.strip().splitlines()[-1])
     assert sorted(w["role"] for w in status["workers"]) == ["decode", "prefill"]
     assert all(w["healthy"] for w in status["workers"])
+    # Each engine runs in its own placement group, pinned by the node packing to the node it runs on.
+    assert len({w["placement_group"] for w in status["workers"]}) == 2
+    assert all(w["pinned_node"] == w["node_id"] and w["bundles"] == [{"CPU": 1.0}] for w in status["workers"])
+    groups = [w["placement_group"] for w in status["workers"]]
 
     # Load during the scale-up and the scale-down: every request must succeed.
     results: list[int] = []
@@ -130,6 +134,18 @@ def test_explicit_config_status_scale_under_load_shutdown(ray_cluster, tmp_path)
     gone = _cli("status", "--name", "remote", "--namespace", "saaf-remote", "--address", ray_cluster,
                 timeout=120)
     assert gone.returncode == 1 and "no deployment 'remote'" in gone.stderr
+    # ... and no placement group of the deployment is left holding resources.
+    assert _group_states(ray_cluster, groups) == {g: "REMOVED" for g in groups}
+
+
+def _group_states(address: str, groups: list[str]) -> dict[str, str]:
+    code = ("import json, ray; from ray.util.placement_group import placement_group_table; "
+            f"ray.init(address='{address}', logging_level=40); t = placement_group_table(); "
+            f"print(json.dumps({{g: t.get(g, {{}}).get('state', 'REMOVED') for g in {groups!r}}}))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, RAY_AUTH_MODE="disabled"))
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def test_pools_auto_on_running_cluster(ray_cluster, tmp_path):

@@ -1,13 +1,11 @@
 """Issue 8: graceful shutdown of the embedded deploy CLI.
 
 `python -m cluster.deploy CONFIG --no-demo` (embedded Ray, tiny-llama, its own Serve port) serves a few
-streaming requests; SIGTERM arrives while they are in flight. Every client ends within a bound, either with
-a complete stream (`data: [DONE]`) or with an error it can see (an HTTP error, an error event, or a
-transport error); none is cut silently or left hanging. Short streams finish (Serve drains the ingress
-replica for up to its graceful_shutdown_timeout_s, 20 s); streams longer than that are cut, today with a
-transport error only (no SSE error event; see the issue 8 report). A request sent after SIGTERM is
-answered or refused, never left hanging. The process exits within a bound, and no process it started
-survives it.
+streaming requests; SIGTERM arrives while they are in flight. Admission stops at once: /health says
+draining and a new request gets 503 with an OpenAI error body. Short streams finish to `data: [DONE]`
+within the drain grace period (serve.drain_timeout_s, here 8 s); streams longer than that end with an
+SSE error event and `[DONE]`, never a bare transport error. Every client ends within a bound; the process
+exits within a bound, and no process it started survives it.
 """
 
 from __future__ import annotations
@@ -34,7 +32,8 @@ READY_S = 300  # deploy CLI to "OpenAI-compatible endpoint" (Ray start + two tin
 IN_FLIGHT_S = 60  # until every stream has its first events
 CLIENT_S = 60  # each client must be done this long after SIGTERM
 EXIT_S = 90  # the CLI must have exited this long after SIGTERM
-SHORT, LONG = 100, 1800  # max_tokens: well inside Serve's 20 s drain / well past it (tiny-llama ~100 tok/s)
+DRAIN_S = 8  # serve.drain_timeout_s of the deployment
+SHORT, LONG = 100, 1800  # max_tokens: well inside the 8 s drain / well past it (tiny-llama ~100 tok/s)
 
 
 def _start_time(pid: int) -> str | None:
@@ -127,7 +126,7 @@ def deploy_cli(tmp_path):
     port = free_port()
     cfg = {"name": "sigterm", "mode": "disaggregated",
            "engine": {"model": "tiny-llama", "kv_cache_mib": 32, "max_model_len": 2048},
-           "pools": {"prefill": 1, "decode": 1}, "serve": {"port": port},
+           "pools": {"prefill": 1, "decode": 1}, "serve": {"port": port, "drain_timeout_s": DRAIN_S},
            "ray": {"namespace": "saaf-sigterm", "num_cpus": 8}}
     path = tmp_path / "deploy-sigterm.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -182,8 +181,18 @@ def test_sigterm_with_streams_in_flight(deploy_cli):
     assert family, "the deploy CLI has no child processes?"
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    time.sleep(1.0)
-    late = Client(endpoint, model, 99, 4, stream=False)  # arrives while shutting down
+    draining = None
+    while time.monotonic() < t0 + DRAIN_S:
+        try:
+            draining = httpx.get(f"{endpoint}/health", timeout=5)
+        except httpx.HTTPError:
+            draining = None
+        if draining is not None and draining.status_code == 503 and draining.json()["status"] == "draining":
+            break
+        time.sleep(0.1)
+    assert draining is not None and draining.json()["status"] == "draining", "admission not stopped on SIGTERM"
+    print(f"\nadmission stopped {time.monotonic() - t0:.1f}s after SIGTERM")
+    late = Client(endpoint, model, 99, 4, stream=False)  # arrives while draining
     late.thread = threading.Thread(target=late.run, daemon=True)
     late.thread.start()
 
@@ -193,10 +202,14 @@ def test_sigterm_with_streams_in_flight(deploy_cli):
     assert not hung, f"clients still waiting {CLIENT_S}s after SIGTERM: {hung}"
     print("\nafter SIGTERM:\n" + "\n".join(f"  {c.describe()} ended +{c.done_at - t0:.1f}s" for c in clients)
           + f"\n  late request: {late.describe()} ended +{late.done_at - t0:.1f}s")
-    silent = [c.describe() for c in clients if not c.completed and not c.saw_error]
-    assert not silent, f"streams cut without an error the client can see: {silent}"
+    cut = [c.describe() for c in clients if c.error or not c.events or c.events[-1] != "[DONE]"]
+    assert not cut, f"streams cut without an SSE error event and [DONE]: {cut}"
     unfinished = [c.describe() for c in clients if c.max_tokens == SHORT and not c.completed]
     assert not unfinished, f"short streams not drained to [DONE] on SIGTERM: {unfinished}"
+    aborted = [c for c in clients if c.max_tokens == LONG]
+    assert all(json.loads(c.error_events[0])["error"]["code"] == "shutting_down" for c in aborted if
+               c.error_events), [c.describe() for c in aborted]
+    assert late.status == 503 and json.loads(late.body)["error"]["code"] == "shutting_down", late.describe()
 
     try:
         rc = proc.wait(max(1.0, t0 + EXIT_S - time.monotonic()))

@@ -10,6 +10,8 @@ import httpx
 import pytest
 import ray
 
+from cluster.deploy import controller_name
+
 pytestmark = pytest.mark.integration
 
 
@@ -187,4 +189,64 @@ def test_prefill_killed_mid_prefill_is_retried_and_completes(deployment, workers
         timer.cancel()
     print(f"\nFAULT prefill killed mid-prefill: answer complete {time.monotonic() - t0 - 0.5:.1f}s after the kill")
     assert text == _colocated_text(colocated_worker, prompt, 12, "pk-ref")
+    _settled(workers, 2)
+
+
+def test_hung_decode_worker_is_detected_replaced_and_its_stream_completes(deployment, workers, colocated_worker):
+    """A decode worker that stops answering (SIGSTOP: alive but silent) mid-stream: the controller's health
+    check takes it out of routing and has Ray replace it; the client's stream migrates and completes."""
+    import os
+    import signal
+    import threading
+
+    endpoint, model = deployment["endpoint"], deployment["model"]
+    cfg = deployment["config"]
+    ctl = ray.get_actor(controller_name(cfg), namespace=cfg.ray.namespace)
+    wid, d = _role(workers, "decode")
+    old = _wait(lambda: _try_info(d), 300, "decode worker ready")
+    before = len(ray.get(ctl.health_events.remote(), timeout=30))
+    prompt = _prompt(45, 120)
+    stopped: list[float] = []
+
+    def hang_after(n: int) -> None:
+        if n == 5 and not stopped:
+            stopped.append(time.monotonic())
+            os.kill(old["pid"], signal.SIGSTOP)
+
+    seen: dict[str, float] = {}
+
+    def watch() -> None:  # when the controller takes it out of routing, and when it is back
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and "ready" not in seen:
+            states = {w["worker_id"]: w["state"] for w in ray.get(ctl.describe.remote(), timeout=30)}
+            if states.get(wid) == "replacing":
+                seen.setdefault("replacing", time.monotonic())
+            elif "replacing" in seen and states.get(wid) == "ready":
+                seen["ready"] = time.monotonic()
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        text = _stream_text(endpoint, model, prompt, 30, hang_after)
+    finally:
+        try:
+            os.kill(old["pid"], signal.SIGCONT)  # a no-op once Ray has killed it
+        except ProcessLookupError:
+            pass
+    done = time.monotonic()
+    watcher.join(300)
+    assert stopped, "the stream ended before the decode worker could be stopped"
+    h = cfg.health
+    bound = h.interval_s + h.failures * (h.timeout_s + h.interval_s) + 5
+    assert "replacing" in seen, "the hung worker was never taken out of routing"
+    print(f"\nFAULT decode hung mid-stream: out of routing {seen['replacing'] - stopped[0]:.1f}s after the hang "
+          f"(bound {bound:.0f}s), replaced {seen['ready'] - stopped[0]:.1f}s, stream complete "
+          f"{done - stopped[0]:.1f}s")
+    assert seen["replacing"] - stopped[0] < bound
+    assert text == _colocated_text(colocated_worker, prompt, 30, "hang-ref")
+    new = ray.get(d.info.remote(), timeout=30)
+    assert new["engine_id"] != old["engine_id"] and new["pid"] != old["pid"]
+    events = ray.get(ctl.health_events.remote(), timeout=30)[before:]
+    assert [(e["worker_id"], e["outcome"]) for e in events] == [(wid, "restarted")]
     _settled(workers, 2)
