@@ -32,6 +32,20 @@ def pss_bytes(pids: list[int]) -> int:
     return total
 
 
+def pss_by_process(pids: list[int]) -> dict[str, int]:
+    """PSS bytes per process, keyed 'pid name' (name from /proc/PID/cmdline, shortened)."""
+    out = {}
+    for p in pids:
+        try:
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+            name = next((c.decode(errors="replace") for c in cmd if c and not c.endswith(b"python")
+                         and not c.startswith(b"-")), "?")
+            out[f"{p} {Path(name).name[:40]}"] = pss_bytes([p])
+        except OSError:
+            continue
+    return out
+
+
 def cpu_seconds(pids: list[int]) -> float:
     tck = os.sysconf("SC_CLK_TCK")
     total = 0.0

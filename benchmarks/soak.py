@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from benchmarks.deployproc import DeployProcess, pss_bytes
+from benchmarks.deployproc import DeployProcess, pss_by_process, pss_bytes
 
 MAX_MODEL_LEN = 512
 GROWTH_LIMIT = 0.10
@@ -160,8 +160,12 @@ def run(requests: int, concurrency: int, seed: int = 0) -> dict:
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
             t0 = time.monotonic()
+            start_pss = pss_by_process(dp.pids())
             outcomes = asyncio.run(load(endpoint, model, requests, concurrency, seed, progress))
             res["wall_s"] = round(time.monotonic() - t0, 1)
+            end_pss = pss_by_process(dp.pids())
+            grew = sorted(((end_pss[k] - start_pss.get(k, 0), k) for k in end_pss), reverse=True)[:5]
+            res["pss_growth_top_processes_mib"] = {k: round(d / 2**20, 1) for d, k in grew}
             stop.set()
             sampler.join(10)
             time.sleep(1.0)  # NOTE: the server counts a request when its stream has ended

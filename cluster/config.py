@@ -84,7 +84,12 @@ class RouterConfig(BaseModel):
 class ServeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     host: str = Field("127.0.0.1", description="HTTP bind address")
-    port: int = Field(8000, ge=1, le=65535)
+    port: int = Field(8000, ge=1, le=65535, description="The endpoint's port")
+    direct: bool = Field(
+        True, description="The ingress replica serves HTTP itself on host:port (one hop less than Ray Serve's "
+                          "proxy; cluster/direct.py); false = through the proxy on port")
+    proxy_port: int | None = Field(
+        None, ge=1, le=65535, description="Ray Serve's proxy port when direct (None = a free port)")
     route_prefix: str = Field("/", pattern=r"^/[A-Za-z0-9_/-]*$",
                               description="URL prefix of this app (several apps can share one Serve)")
     request_timeout_s: float = Field(300, gt=0, description="Max seconds for one request end to end")

@@ -7,6 +7,8 @@ Colocated: one worker's generate_stream(). Every remote call is bounded by a tim
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -29,6 +31,7 @@ from cluster.router import RouteRequest
 from cluster.routing_state import RoutingState
 
 logger = logging.getLogger(__name__)
+DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
 app = FastAPI(title="Saaf Infer", version="0.1.0")
 
 
@@ -100,6 +103,13 @@ class Ingress:
         controller = ray.get_actor(controller_name, namespace=self.cfg.ray.namespace)
         self.state = RoutingState(self.cfg, controller, self.metrics)
         self.state.start()
+        self._direct = None
+        if self.cfg.serve.direct:
+            from cluster.direct import bind, serve_forever
+
+            sc = self.cfg.serve
+            sock = bind(sc.host, sc.port)
+            self._direct = asyncio.get_event_loop().create_task(serve_forever(app, sock, sc.route_prefix))
         self.draining = False  # shutdown began: new requests get 503
         self.aborting = False  # the drain grace period is over: in-flight requests end with an error
         self.inflight = 0
@@ -243,10 +253,27 @@ class Ingress:
                                              media_type="text/event-stream")
                 streaming = True  # NOTE: _sse ends the in-flight count when the stream ends
                 return response
-            return JSONResponse(await self._whole(rid, chat, run, len(ids), req.return_token_ids))
+            whole = await self._unless_disconnected(request, self._whole(rid, chat, run, len(ids),
+                                                                         req.return_token_ids))
+            return JSONResponse(whole) if whole is not None else Response(status_code=499)
         finally:
             if not streaming:
                 self.inflight -= 1
+
+    @staticmethod
+    async def _unless_disconnected(request: Request, work: Any) -> Any:
+        """Await ``work``; if the client hangs up first, cancel it (the engine request is aborted and its KV
+        freed) and return None. Streams need no help: the server cancels them on a disconnect."""
+        task = asyncio.ensure_future(work)
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, APIError):
+                    await task
+                return None
 
     async def _abortable(self, run: AsyncIterator[dict]) -> AsyncIterator[dict]:
         """The request's output, ended with a 503 error once the shutdown grace period is over."""

@@ -64,7 +64,7 @@ class RoutingState:
                         self.metrics.pool.labels(role).set(sum(r == role for r in self.roles.values()))
             except Exception as e:  # noqa: BLE001 - keep refreshing; the controller may restart
                 logger.warning("membership refresh failed: %s", e)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0 if self.ready() else 0.2)  # NOTE: faster until both pools answer
 
     async def _stats_loop(self) -> None:
         period = self.cfg.router.stats_interval_s

@@ -12,6 +12,8 @@ import httpx
 import pytest
 import ray
 
+from kvtransfer.config import free_port
+
 pytestmark = pytest.mark.integration
 
 TTFT_MS, TPOT_MS, BURST = 4000, 500, 20
@@ -19,7 +21,7 @@ TTFT_MS, TPOT_MS, BURST = 4000, 500, 20
 
 @pytest.fixture(scope="module")
 def admission_endpoint(deployment):
-    """A second ingress on the same pools: goodput policy, admission 'reject', under /adm."""
+    """A second ingress on the same pools: goodput policy, admission 'reject', under /adm on its own port."""
     from ray import serve
 
     from cluster.deploy import controller_name, endpoint_url, wait_until_healthy
@@ -28,8 +30,10 @@ def admission_endpoint(deployment):
     base = deployment["config"]
     cfg = base.model_copy(update={
         "name": "itest-adm",
-        "router": base.router.model_copy(update={"policy": "goodput", "admission": "reject"}),
-        "serve": base.serve.model_copy(update={"route_prefix": "/adm"}),
+        # NOTE: ewma_alpha 0.3 (default 0.1): the four warm-up requests below are all the traffic this
+        # ingress has seen; the bundled CPU profile underestimates this busy box's prefill ~2x.
+        "router": base.router.model_copy(update={"policy": "goodput", "admission": "reject", "ewma_alpha": 0.3}),
+        "serve": base.serve.model_copy(update={"route_prefix": "/adm", "port": free_port()}),
     })
     serve.run(Ingress.bind(cfg.model_dump(), controller_name(base)), name=cfg.name, route_prefix="/adm",
               blocking=False)
