@@ -33,7 +33,7 @@ IN_FLIGHT_S = 60  # until every stream has its first events
 CLIENT_S = 60  # each client must be done this long after SIGTERM
 EXIT_S = 90  # the CLI must have exited this long after SIGTERM
 DRAIN_S = 8  # serve.drain_timeout_s of the deployment
-SHORT, LONG = 100, 1800  # max_tokens: well inside the 8 s drain / well past it (tiny-llama ~100 tok/s)
+SHORT, LONG = 300, 1950  # max_tokens: well inside the 8 s drain / well past it (tiny-llama ~150 tok/s)
 
 
 def _start_time(pid: int) -> str | None:
