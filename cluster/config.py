@@ -89,7 +89,7 @@ class ServeConfig(BaseModel):
         True, description="The ingress replica serves HTTP itself on host:port (one hop less than Ray Serve's "
                           "proxy; cluster/direct.py); false = through the proxy on port")
     proxy_port: int | None = Field(
-        None, ge=1, le=65535, description="Ray Serve's proxy port when direct (None = a free port)")
+        None, ge=1, le=65535, description="With direct: also run Ray Serve's proxy on this port (None = no proxy)")
     route_prefix: str = Field("/", pattern=r"^/[A-Za-z0-9_/-]*$",
                               description="URL prefix of this app (several apps can share one Serve)")
     request_timeout_s: float = Field(300, gt=0, description="Max seconds for one request end to end")

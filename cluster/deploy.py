@@ -138,7 +138,10 @@ def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
             fabric = None
             if cfg.mode == "disaggregated" and cfg.transfer.fabric_check:
                 fabric = pool.submit(_timed, timings, "fabric_check_s", fabric_check, cfg)
-            serve.start(http_options={"host": cfg.serve.host, "port": proxy_port(cfg)})
+            if cfg.serve.direct and not cfg.serve.proxy_port:
+                serve.start(proxy_location="Disabled")  # NOTE: the ingress replica is the HTTP server
+            else:
+                serve.start(http_options={"host": cfg.serve.host, "port": proxy_port(cfg)})
             serve.run(Ingress.bind(cfg.model_dump(), name), name=cfg.name, route_prefix=cfg.serve.route_prefix,
                       blocking=False)
             timings["serve_s"] = time.monotonic() - t0
@@ -156,15 +159,9 @@ def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
 
 
 def proxy_port(cfg: DeployConfig) -> int:
-    """Ray Serve's proxy port: the endpoint's own port, unless the ingress serves it directly. Only the
-    first Serve start on a cluster sets it."""
-    if not cfg.serve.direct:
-        return cfg.serve.port
-    if cfg.serve.proxy_port:
-        return cfg.serve.proxy_port
-    from kvtransfer.config import free_port
-
-    return free_port(cfg.serve.host if cfg.serve.host not in ("0.0.0.0", "::") else "127.0.0.1")
+    """Ray Serve's proxy port: the endpoint's own port, unless the ingress serves it directly (then the
+    proxy runs only where serve.proxy_port asks for it). Only the first Serve start on a cluster sets it."""
+    return cfg.serve.proxy_port if cfg.serve.direct and cfg.serve.proxy_port else cfg.serve.port
 
 
 def endpoint_url(cfg: DeployConfig) -> str:

@@ -3,8 +3,8 @@
 Through Ray Serve's proxy every request takes one more process hop each way (client -> proxy -> replica
 and back, each a Ray call), which costs ~8-9 ms of TTFT on our CPU box. With `serve.direct` (the default)
 the replica runs its own HTTP server (uvicorn, on the replica's event loop) for the same FastAPI app, so a
-request goes client -> replica -> engines. Serve's proxy still runs, on `serve.proxy_port`, for tools that
-want it. Ray Serve has a similar mode (RAY_SERVE_ENABLE_DIRECT_INGRESS) but picks replica ports from a
+request goes client -> replica -> engines. Serve's proxy is not started unless `serve.proxy_port` asks for
+it (one process less at startup). Ray Serve has a similar mode (RAY_SERVE_ENABLE_DIRECT_INGRESS) but picks replica ports from a
 range, so an application cannot be found at its configured port; this keeps the port the config names.
 """
 

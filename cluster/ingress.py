@@ -89,15 +89,14 @@ def _validation_message(e: ValidationError) -> tuple[str, str | None]:
 @serve.ingress(app)
 class Ingress:
     def __init__(self, deploy_cfg: dict[str, Any], controller_name: str) -> None:
-        from transformers import AutoTokenizer
-
+        from cluster.fasttok import load_tokenizer
         from engine.models import resolve_model, served_name
 
         logging.basicConfig(level=logging.INFO)
         self.cfg = DeployConfig.model_validate(deploy_cfg)
         model_dir = resolve_model(self.cfg.engine.model)
         self.model_name = self.cfg.engine.served_model_name or served_name(self.cfg.engine.model)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.tokenizer = load_tokenizer(model_dir)
         self.max_model_len = self.cfg.engine.max_model_len
         self.metrics = Metrics()
         controller = ray.get_actor(controller_name, namespace=self.cfg.ray.namespace)
@@ -153,10 +152,13 @@ class Ingress:
 
     def _prompt_ids(self, req: Any) -> list[int]:
         if isinstance(req, ChatRequest):
-            msgs = [m.model_dump(exclude_none=True) for m in req.messages]
-            out = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-            ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
-            return list(ids)
+            import jinja2
+
+            try:
+                return self.tokenizer.chat([m.model_dump(exclude_none=True) for m in req.messages])
+            except jinja2.exceptions.TemplateError as e:
+                raise APIError(400, f"messages do not fit this model's chat template: {e}",
+                               param="messages") from None
         p = req.prompt
         if isinstance(p, list) and p and isinstance(p[0], str):
             if len(p) != 1:
@@ -166,7 +168,7 @@ class Ingress:
         if isinstance(p, str):
             if not p:
                 raise APIError(400, "prompt must not be empty", param="prompt")
-            return list(self.tokenizer(p, add_special_tokens=False)["input_ids"])
+            return self.tokenizer.encode(p)
         if not p:
             raise APIError(400, "prompt must not be empty", param="prompt")
         vocab = len(self.tokenizer)
