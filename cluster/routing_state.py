@@ -4,6 +4,7 @@ background, the router policy, admission, and the request runners that call the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -22,6 +23,8 @@ from engine.stats import WorkerStats
 logger = logging.getLogger(__name__)
 _DEAD = (RayActorError, ActorDiedError, ActorUnavailableError)
 
+
+IDLE_STATS_INTERVAL_S = 1.0  # worker stats refresh period while nothing is in flight
 
 class _WorkerDied(Exception):
     def __init__(self, worker: str, cause: BaseException) -> None:
@@ -43,6 +46,8 @@ class RoutingState:
         self.stats: dict[str, WorkerStats] = {}
         self.version = -1
         self.queued = 0
+        self.active = 0  # requests of this ingress between arrival and their last token
+        self._wake = asyncio.Event()
         self._transfers: deque[dict] = deque(maxlen=256)
         self._tasks: list[asyncio.Task] = []
 
@@ -80,7 +85,14 @@ class RoutingState:
                         self.metrics.worker.labels(wid, k).set(getattr(res, k))
                 elif wid in self.stats:
                     self.stats[wid] = self.stats[wid]._replace(healthy=False)
-            await asyncio.sleep(period)
+            busy = self.active or any(s.waiting or s.running for s in self.stats.values())
+            if busy or not self.ready():
+                await asyncio.sleep(period)
+                continue
+            # NOTE: idle: refresh slowly (idle engines then cost almost no CPU); a request wakes us at once.
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=max(period, IDLE_STATS_INTERVAL_S))
 
     def ready(self) -> bool:
         roles = [self.roles[w] for w in self.stats if self.stats[w].healthy]
@@ -164,6 +176,8 @@ class RoutingState:
         t0 = time.monotonic()
         sc = self.cfg.serve
         n_out, last, first_at, ok = 0, None, None, False
+        self.active += 1
+        self._wake.set()
         decision: RouteDecision | None = None
         routed_at = t0
         try:
@@ -189,6 +203,7 @@ class RoutingState:
             self.metrics.requests.labels("rejected" if e.status == 429 else "error").inc()
             raise
         finally:
+            self.active -= 1
             e2e = time.monotonic() - t0
             self.metrics.tokens.labels("input").inc(len(ids))
             self.metrics.tokens.labels("output").inc(n_out)

@@ -31,8 +31,10 @@ def admission_endpoint(deployment):
     cfg = base.model_copy(update={
         "name": "itest-adm",
         # NOTE: ewma_alpha 0.3 (default 0.1): the four warm-up requests below are all the traffic this
-        # ingress has seen; the bundled CPU profile underestimates this busy box's prefill ~2x.
-        "router": base.router.model_copy(update={"policy": "goodput", "admission": "reject", "ewma_alpha": 0.3}),
+        # ingress has seen; the bundled CPU profile underestimates this busy box's prefill ~2x. A cautious
+        # operator's admit_probability 0.8 (default 0.5) keeps coin-flip requests out on a noisy 2-core box.
+        "router": base.router.model_copy(update={"policy": "goodput", "admission": "reject", "ewma_alpha": 0.3,
+                                                 "admit_probability": 0.8}),
         "serve": base.serve.model_copy(update={"route_prefix": "/adm", "port": free_port()}),
     })
     serve.run(Ingress.bind(cfg.model_dump(), controller_name(base)), name=cfg.name, route_prefix="/adm",
