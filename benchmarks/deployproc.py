@@ -32,16 +32,24 @@ def pss_bytes(pids: list[int]) -> int:
     return total
 
 
+def _name(pid: int) -> str:
+    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    name = next((c.decode(errors="replace") for c in cmd if c and not c.endswith(b"python")
+                 and not c.startswith(b"-")), "?")
+    return Path(name).name[:40].strip()
+
+
 def pss_by_process(pids: list[int]) -> dict[str, int]:
-    """PSS bytes per process, keyed 'pid name' (name from /proc/PID/cmdline, shortened)."""
+    """PSS bytes per process, keyed 'pid name' ('name < parent' for vLLM's EngineCore children)."""
     out = {}
     for p in pids:
         try:
-            cmd = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
-            name = next((c.decode(errors="replace") for c in cmd if c and not c.endswith(b"python")
-                         and not c.startswith(b"-")), "?")
-            out[f"{p} {Path(name).name[:40]}"] = pss_bytes([p])
-        except OSError:
+            name = _name(p)
+            if "EngineCore" in name:
+                ppid = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                name = f"{name} < {_name(ppid)}"
+            out[f"{p} {name}"] = pss_bytes([p])
+        except (OSError, ValueError, IndexError):
             continue
     return out
 

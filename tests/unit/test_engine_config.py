@@ -15,6 +15,7 @@ def test_cpu_settings():
     assert kw["kv_cache_memory_bytes"] == 64 << 20
     env = EngineConfig(device="cpu", cpu_threads=1).process_env("127.0.0.1")
     assert env["OMP_NUM_THREADS"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "16"  # bounded kernel cache: no growth per prompt length
 
 
 def test_gpu_settings_have_no_cpu_only_keys():
