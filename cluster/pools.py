@@ -94,7 +94,9 @@ class PoolController:
         wid = f"{role}-{index}"
         self.counter[role] += 1
         ecfg = self.engine_for(role)
-        width = max((n["gpus"] for n in cluster_gpus()), default=0) or None
+        width = None  # NOTE: node width matters only to an engine of several GPUs (STRICT_PACK or PACK)
+        if ecfg.resolved_device() == "cuda" and ecfg.gpus_per_engine > 1:
+            width = max((n["gpus"] for n in cluster_gpus()), default=0) or None
         shape = self.shape_for(role, width)
         pg = placer.create_group(shape, f"{self.cfg.name}-{wid}", node_id)
         opts: dict[str, Any] = {
