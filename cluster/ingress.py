@@ -111,7 +111,6 @@ class Ingress:
             self._direct = asyncio.get_event_loop().create_task(serve_forever(app, sock, sc.route_prefix))
         self.draining = False  # shutdown began: new requests get 503
         self.aborting = False  # the drain grace period is over: in-flight requests end with an error
-        self.inflight = 0
 
     # ---- request parsing -------------------------------------------------------------------------
     async def _parse(self, request: Request, model_cls: type) -> Any:
@@ -244,23 +243,15 @@ class Ingress:
         ttft_slo, tpot_slo = self._slo(request)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         route = RouteRequest(len(ids), max_tokens, ttft_slo, tpot_slo, hash(tuple(ids[:64])))
-        self.inflight += 1
-        streaming = False
-        try:
-            run = self._abortable(self.state.run(rid, ids, req.sampling(max_tokens), route))
-            if req.stream:
-                include_usage = bool(req.stream_options and req.stream_options.include_usage)
-                first = await self.state.first_or_error(run)  # errors before the first token become HTTP errors
-                response = StreamingResponse(self._sse(rid, chat, first, run, len(ids), include_usage),
-                                             media_type="text/event-stream")
-                streaming = True  # NOTE: _sse ends the in-flight count when the stream ends
-                return response
-            whole = await self._unless_disconnected(request, self._whole(rid, chat, run, len(ids),
-                                                                         req.return_token_ids))
-            return JSONResponse(whole) if whole is not None else Response(status_code=499)
-        finally:
-            if not streaming:
-                self.inflight -= 1
+        run = self._abortable(self.state.run(rid, ids, req.sampling(max_tokens), route))
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            first = await self.state.first_or_error(run)  # errors before the first token become HTTP errors
+            return StreamingResponse(self._sse(rid, chat, first, run, len(ids), include_usage),
+                                     media_type="text/event-stream")
+        whole = await self._unless_disconnected(request, self._whole(rid, chat, run, len(ids),
+                                                                     req.return_token_ids))
+        return JSONResponse(whole) if whole is not None else Response(status_code=499)
 
     @staticmethod
     async def _unless_disconnected(request: Request, work: Any) -> Any:
@@ -291,15 +282,16 @@ class Ingress:
     async def begin_drain(self) -> int:
         """Stop admitting: new requests get 503 and /health says draining. Returns requests in flight."""
         self.draining = True
-        return self.inflight
+        return self.state.active
 
     async def inflight_requests(self) -> int:
-        return self.inflight
+        """Requests between arrival and their last token (RoutingState.run counts them)."""
+        return self.state.active
 
     async def abort_inflight(self) -> int:
         """The grace period is over: every request still running ends at its next token with an error."""
         self.aborting = True
-        return self.inflight
+        return self.state.active
 
     async def _whole(self, rid: str, chat: bool, run: AsyncIterator[dict], n_prompt: int,
                      with_ids: bool) -> dict[str, Any]:
@@ -347,7 +339,6 @@ class Ingress:
         except APIError as e:
             yield "data: " + json.dumps(e.body()) + "\n\n"
         finally:
-            self.inflight -= 1
             await run.aclose()
         if include_usage:
             yield "data: " + json.dumps({"id": rid, "object": obj, "created": created, "model": self.model_name,
