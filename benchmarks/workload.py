@@ -5,6 +5,9 @@ Arrivals are open-loop: gamma-distributed gaps with mean 1/rate and coefficient 
 ``burstiness_cv`` (1.0 is Poisson; >1 burstier; <1 more regular). The same seed gives the same lengths,
 prompts and (rate-scaled) gaps at every rate, so steps of a sweep differ only in rate.
 
+The lengths, arrivals and trace files come from ``placement.workload``, the one generator the planner
+and the benchmarks share; this module adds the benchmark's request type and prompts.
+
 Prompts are random common English words, each one token (with its leading space) in GPT-2/Llama-style
 BPE vocabularies such as SmolLM2's, so a prompt of n words is about n tokens; the report uses the
 server's own ``usage`` counts, not this estimate.
@@ -12,8 +15,6 @@ server's own ``usage`` counts, not this estimate.
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -21,7 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-MAX_REQUESTS = 100_000
+from placement import workload as shared
+from placement.workload import MAX_REQUESTS, arrival_times
+
+__all__ = ["MAX_REQUESTS", "WORKLOADS", "ChatWorkload", "LongDocWorkload", "RequestSpec", "TraceWorkload",
+           "Workload", "arrival_times", "build_requests", "make_prompt"]
 _WORDS = (
     "the of and to in is that for it as was with be by on not he this are or his from at which but have "
     "an they you were her she there would their we him been has when who will more no if out so said what "
@@ -78,10 +83,9 @@ class ChatWorkload(Workload):
                         max_input=self.max_input, max_output=self.max_output)
 
     def lengths(self, n: int, rng: np.random.Generator) -> list[tuple[int, int]]:
-        ins = rng.lognormal(math.log(self.input_median), self.input_sigma, n)
-        outs = rng.lognormal(math.log(self.output_median), self.output_sigma, n)
-        return [(int(np.clip(round(i), 1, self.max_input)), int(np.clip(round(o), 1, self.max_output)))
-                for i, o in zip(ins, outs, strict=True)]
+        ins = shared.lognormal_lengths(math.log(self.input_median), self.input_sigma, n, rng, 1, self.max_input)
+        outs = shared.lognormal_lengths(math.log(self.output_median), self.output_sigma, n, rng, 1, self.max_output)
+        return [(int(i), int(o)) for i, o in zip(ins, outs, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -99,9 +103,7 @@ class LongDocWorkload(Workload):
             raise ValueError(f"jitter={self.jitter!r} must be in [0, 1), e.g. 0.1")
 
     def lengths(self, n: int, rng: np.random.Generator) -> list[tuple[int, int]]:
-        lo, hi = 1 - self.jitter, 1 + self.jitter
-        return [(max(1, round(self.input_len * rng.uniform(lo, hi))),
-                 max(1, round(self.output_len * rng.uniform(lo, hi)))) for _ in range(n)]
+        return shared.jittered_lengths(self.input_len, self.output_len, self.jitter, n, rng)
 
 
 @dataclass(frozen=True)
@@ -114,34 +116,10 @@ class TraceWorkload(Workload):
 
     @classmethod
     def from_file(cls, path: str | Path) -> TraceWorkload:
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"trace file {str(path)!r} does not exist; give a .csv or .jsonl path")
-        text = path.read_text().splitlines()
-        if path.suffix == ".jsonl":
-            raw = [json.loads(line) for line in text if line.strip()]
-        else:
-            raw = list(csv.DictReader(text))
-        rows = []
-        for i, r in enumerate(raw, 1):
-            try:
-                arrival = r.get("arrival_s")
-                rows.append((int(r["input_len"]), int(r["output_len"]),
-                             None if arrival in (None, "") else float(arrival)))
-            except (KeyError, ValueError, TypeError) as exc:
-                raise ValueError(f"trace {path} row {i} ({r!r}): need integer input_len and output_len and "
-                                 f"optional number arrival_s ({exc})") from exc
-            if rows[-1][0] < 1 or rows[-1][1] < 1:
-                raise ValueError(f"trace {path} row {i}: lengths must be >= 1, got {rows[-1][:2]}")
-        if not rows:
-            raise ValueError(f"trace {path} has no rows; columns are input_len,output_len[,arrival_s]")
-        has = {row[2] is not None for row in rows}
-        if len(has) > 1:
-            raise ValueError(f"trace {path}: arrival_s is given on some rows only; give it on all or none")
-        arrivals = [row[2] for row in rows if row[2] is not None]
-        if any(b < a for a, b in zip(arrivals, arrivals[1:], strict=False)):
-            raise ValueError(f"trace {path}: arrival_s must be non-decreasing; sort the rows by arrival_s")
-        return cls(tuple(rows), str(path))
+        """Read with placement.workload.load_trace (raises ValueError naming the bad row)."""
+        reqs = shared.load_trace(path)
+        return cls(tuple((r.input_len, r.output_len, r.arrival_s if r.arrival_s >= 0 else None) for r in reqs),
+                   str(path))
 
     def lengths(self, n: int, rng: np.random.Generator) -> list[tuple[int, int]]:
         return [self.rows[i % len(self.rows)][:2] for i in range(n)]  # type: ignore[misc]
@@ -150,21 +128,6 @@ class TraceWorkload(Workload):
         if self.rows[0][2] is None:
             return None
         return [float(r[2]) for r in self.rows]  # type: ignore[arg-type]
-
-
-def arrival_times(rate: float, num_requests: int | None, duration_s: float | None,
-                  burstiness_cv: float, rng: np.random.Generator) -> list[float]:
-    """Open-loop send times from 0: the first at 0, gamma gaps after; stops at either bound."""
-    _check_positive(rate=rate, burstiness_cv=burstiness_cv)
-    limit = min(num_requests or MAX_REQUESTS, MAX_REQUESTS)
-    shape = 1.0 / burstiness_cv**2
-    times, t = [], 0.0
-    while len(times) < limit:
-        if duration_s is not None and t >= duration_s:
-            break
-        times.append(t)
-        t += float(rng.gamma(shape, 1.0 / shape)) / rate
-    return times
 
 
 def make_prompt(n_tokens: int, rng: np.random.Generator) -> str:

@@ -2,7 +2,8 @@
 
 Numbers are public spec-sheet values: dense (no sparsity) peak tensor FLOPS per dtype, HBM size and
 bandwidth, NVLink bandwidth per GPU per direction, NIC bandwidth per GPU. Unknown names raise
-`UnknownNameError` listing the supported ones.
+`UnknownNameError` listing the supported ones. `fp4` is NVFP4: 4-bit values plus one fp8 scale per 16,
+so 4.5 bits per weight.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from placement.errors import PlacementError, UnknownNameError
 
 logger = logging.getLogger(__name__)
 
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5625}
 GIB = 1024**3
 
 
-def dtype_bytes(dtype: str) -> int:
+def dtype_bytes(dtype: str) -> float:
     if dtype not in DTYPE_BYTES:
         raise UnknownNameError("dtype", dtype, list(DTYPE_BYTES))
     return DTYPE_BYTES[dtype]
@@ -43,11 +44,11 @@ class ModelArch:
     gated_ffn: bool = True
 
     def weight_bytes(self, weight_dtype: str) -> int:
-        return self.params * dtype_bytes(weight_dtype)
+        return int(self.params * dtype_bytes(weight_dtype))
 
     def kv_bytes_per_token(self, kv_dtype: str) -> int:
         """K and V for every layer, all tensor-parallel shards together."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes(kv_dtype)
+        return int(2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes(kv_dtype))
 
     def linear_flops_per_token(self) -> float:
         """2 FLOPs per weight per token for all weights except the input embedding."""
@@ -74,6 +75,10 @@ class HardwareArch:
     gpus_per_node: int
     allreduce_latency_us: float = 10.0
     gpu_hour_usd: float = 2.0
+
+    def compute_dtype(self, weight_dtype: str) -> str:
+        """The tensor-core dtype the matmuls run in: the weights' own where the chip has it, else bf16."""
+        return weight_dtype if weight_dtype in self.peak_tflops else "bf16"
 
     def peak_flops(self, dtype: str) -> float:
         if dtype not in self.peak_tflops:
@@ -116,8 +121,18 @@ HARDWARE: dict[str, HardwareArch] = {
                      gpu_hour_usd=3.0),
         HardwareArch("h200", {"fp32": 67, "bf16": 989, "fp16": 989, "fp8": 1979}, 141 * 1e9 / GIB, 4.8, 450, 50, 8,
                      gpu_hour_usd=3.8),
-        HardwareArch("b200", {"fp32": 80, "bf16": 2250, "fp16": 2250, "fp8": 4500}, 180 * 1e9 / GIB, 8.0, 900, 50,
-                     8, gpu_hour_usd=5.5),
+        # Blackwell, per GPU, dense: NVIDIA HGX B200 / HGX B300 and GB200 / GB300 NVL72 datasheets (8-GPU
+        # HGX figures and 72-GPU rack figures divided by the GPU count; sparsity halved away). NVLink 5 is
+        # 1.8 TB/s per GPU in both directions, 900 GB/s each way. A GB200/GB300 "node" here is the
+        # 72-GPU NVLink domain of one NVL72 rack.
+        HardwareArch("b200", {"fp32": 80, "bf16": 2250, "fp16": 2250, "fp8": 4500, "fp4": 9000}, 180 * 1e9 / GIB,
+                     8.0, 900, 50, 8, gpu_hour_usd=5.5),
+        HardwareArch("b300", {"fp32": 75, "bf16": 2250, "fp16": 2250, "fp8": 4500, "fp4": 13500},
+                     288 * 1e9 / GIB, 8.0, 900, 100, 8, gpu_hour_usd=7.0),
+        HardwareArch("gb200", {"fp32": 80, "bf16": 2500, "fp16": 2500, "fp8": 5000, "fp4": 10000},
+                     186 * 1e9 / GIB, 8.0, 900, 50, 72, gpu_hour_usd=6.5),
+        HardwareArch("gb300", {"fp32": 75, "bf16": 2500, "fp16": 2500, "fp8": 5000, "fp4": 15000},
+                     288 * 1e9 / GIB, 8.0, 900, 100, 72, gpu_hour_usd=8.0),
     )
 }
 
@@ -168,4 +183,4 @@ def model_from_hf_config(path: str | Path) -> ModelArch:
 
 def with_overrides(hw: HardwareArch, **fields: float | int | None) -> HardwareArch:
     """A copy of `hw` with the given non-None fields replaced (cluster-level link speeds, prices)."""
-    return replace(hw, **{k: v for k, v in fields.items() if v is not None})
+    return replace(hw, **{k: v for k, v in fields.items() if v is not None})  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""Command line: `python -m placement {plan,roofline,predict,profile}`. The only module that prints.
+"""Command line: `python -m placement {plan,roofline,predict,validate}`. The only module that prints.
 
 Exit status: 0 success, 1 plan printed but no configuration meets the SLO, 2 bad input (the message
 names the bad value and the fix).
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--model", required=True)
     r.add_argument("--hardware", required=True)
     r.add_argument("--gpus", type=int, default=1)
-    r.add_argument("--weight-dtype", default="bf16", choices=["fp8", "bf16", "fp16", "fp32"])
+    r.add_argument("--weight-dtype", default="bf16", choices=["fp4", "fp8", "bf16", "fp16", "fp32"])
     r.add_argument("--kv-dtype", default="bf16", choices=["fp8", "bf16", "fp16", "fp32"])
     r.add_argument("--context", type=int, required=True, help="tokens of context per sequence")
     r.add_argument("--batch", type=_csv_ints, default=[1, 8, 32])
@@ -48,8 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--model", default="llama-3.1-8b")
     q.add_argument("--hardware", default="h100-sxm")
     q.add_argument("--profile", default=None, help="measured profile YAML instead of model/hardware")
-    q.add_argument("--weight-dtype", default="bf16", choices=["fp8", "bf16", "fp16", "fp32"])
+    q.add_argument("--weight-dtype", default="bf16", choices=["fp4", "fp8", "bf16", "fp16", "fp32"])
     q.add_argument("--kv-dtype", default="bf16", choices=["fp8", "bf16", "fp16", "fp32"])
+    q.add_argument("--backend", default="vllm", choices=["vllm", "sglang", "trtllm", "none"],
+                   help="serving engine: its scheduler and fitted efficiencies (none: the raw roofline, "
+                        "prefill batches stall decode)")
     q.add_argument("--mode", default="disaggregated", choices=["colocated", "disaggregated"])
     q.add_argument("--instances", type=int, default=1)
     q.add_argument("--tp", type=int, default=1)
@@ -65,17 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--requests", type=int, default=None)
     q.add_argument("--json", action="store_true")
 
-    f = sub.add_parser("profile", help="measure a vLLM engine on this machine and write a profile YAML")
-    f.add_argument("--model", required=True, help="smollm2, tiny-llama, or a local HF model folder")
-    f.add_argument("--out", required=True)
-    f.add_argument("--kv-cache-mib", type=int, default=128)
-    f.add_argument("--max-model-len", type=int, default=2048)
-    f.add_argument("--prefill-lens", default=None, help="e.g. 16,64,128,256,512")
-    f.add_argument("--decode-batches", default=None, help="e.g. 1,4,8,16")
-    f.add_argument("--decode-contexts", default=None, help="e.g. 64,256")
-    f.add_argument("--decode-steps", type=int, default=6)
-    f.add_argument("--repeats", type=int, default=2)
-    f.add_argument("--gpu-hour-usd", type=float, default=0.1)
+    v = sub.add_parser("validate", help="fit on part of measured serving results, report the error on the rest")
+    v.add_argument("--csv", required=True, help="measured points (aiconfigurator silicon CSV)")
+    v.add_argument("--out", required=True, help="folder for README.md and results.json")
+    v.add_argument("--write-calibration", default=None, help="also write the fitted values as this Python "
+                                                               "module (placement/calibration_data.py)")
+    v.add_argument("--jobs", type=int, default=1, help="worker processes")
+
+    sub.add_parser("profile", help="moved: python -m benchmarks.profile (this command says so and exits 2)")
     return ap
 
 
@@ -111,33 +111,43 @@ def _predict(args: argparse.Namespace) -> int:
                   mode=args.mode, instances=args.instances, tp=args.tp, prefill_instances=args.prefill_instances,
                   prefill_tp=args.prefill_tp, decode_instances=args.decode_instances, decode_tp=args.decode_tp,
                   isl=args.isl, osl=args.osl, concurrency=args.concurrency, rate=args.rate, requests=args.requests,
-                  profile=args.profile)
+                  profile=args.profile, backend=args.backend)
     print(json.dumps(out) if args.json else format_prediction(out))
     return 0
 
 
-def _profile(args: argparse.Namespace) -> int:
-    from placement.profiler import profile_engine
+def _validate(args: argparse.Namespace) -> int:
+    from placement.validation_report import provenance, run_validation, write_calibration, write_report
 
-    def ints(s: str | None) -> list[int] | None:
-        return _csv_ints(s) if s else None
-
-    prof = profile_engine(args.model, args.out, kv_cache_mib=args.kv_cache_mib, max_model_len=args.max_model_len,
-                          prefill_lens=ints(args.prefill_lens), decode_batches=ints(args.decode_batches),
-                          decode_contexts=ints(args.decode_contexts), decode_steps=args.decode_steps,
-                          repeats=args.repeats, gpu_hour_usd=args.gpu_hour_usd)
-    c = prof.coefficients
-    print(f"wrote {args.out}: prefill {c.prefill_a:.4g}*sum(l) + {c.prefill_b:.4g}*sum(l^2) + {c.prefill_c:.4g} ms "
-          f"(R^2 {prof.fit.prefill_r2}); decode {c.decode_a:.4g}*ctx + {c.decode_b:.4g}*batch + {c.decode_c:.4g} ms "
-          f"(R^2 {prof.fit.decode_r2}); KV {prof.kv_bytes_per_token} B/token, capacity {prof.kv_capacity_tokens} tokens")
+    rep = run_validation(args.csv, jobs=max(1, args.jobs))
+    rep.provenance = provenance("python -m placement " + " ".join(args.argv))
+    out = write_report(rep, args.out)
+    if args.write_calibration:
+        write_calibration(rep, args.write_calibration)
+    for row in rep.table(True):
+        print(f"{row.backend:7} {row.label:24} {row.points:5} points  TTFT MAPE {row.ttft_mape:6.1f}%  "
+              f"TPOT MAPE {row.tpot_mape:6.1f}%")
+    print(f"wrote {out}/README.md and results.json")
     return 0
 
 
+def _profile(args: argparse.Namespace | None = None) -> int:
+    # NOTE: the profiler runs vLLM; it lives with the benchmarks so that placement imports no engine code.
+    print("the profiler moved: run `python -m benchmarks.profile --model MODEL --out PATH ...` "
+          "(same options as before)", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if [a for a in argv if not a.startswith("-")][:1] == ["profile"]:
+        return _profile()
     args = build_parser().parse_args(argv)
+    args.argv = argv
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
-    handlers: dict[str, Any] = {"plan": _plan, "roofline": _roofline, "predict": _predict, "profile": _profile}
+    handlers: dict[str, Any] = {"plan": _plan, "roofline": _roofline, "predict": _predict, "validate": _validate,
+                                "profile": _profile}
     try:
         return int(handlers[args.cmd](args))
     except PlacementError as exc:

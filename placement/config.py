@@ -18,7 +18,7 @@ from placement.errors import PlacementError
 
 logger = logging.getLogger(__name__)
 
-Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
+Dtype = Literal["fp32", "bf16", "fp16", "fp8", "fp4"]
 
 
 class _Strict(BaseModel):
@@ -27,13 +27,14 @@ class _Strict(BaseModel):
 
 class ModelSpec(_Strict):
     name: str = Field(description="catalog name (e.g. llama-3.1-8b, opt-13b) or a path to an HF config.json")
-    weight_dtype: Dtype = Field("bf16", description="dtype of the weights in HBM (fp8 halves weight bytes)")
+    weight_dtype: Dtype = Field("bf16", description="dtype of the weights in HBM (fp8 halves weight bytes; fp4 "
+                                                    "is NVFP4, 4.5 bits per weight with its scales)")
     kv_dtype: Dtype = Field("bf16", description="dtype of the KV cache")
 
 
 class HardwareSpec(_Strict):
     name: str | None = Field(None, description="catalog accelerator: a100-80gb, h100-sxm, h200, b200")
-    profile: str | None = Field(None, description="measured profile YAML (python -m placement profile); "
+    profile: str | None = Field(None, description="measured profile YAML (python -m benchmarks.profile); "
                                                   "replaces the catalog latency model")
 
     @model_validator(mode="after")
@@ -124,8 +125,18 @@ class LatencySpec(_Strict):
     tp_efficiency: float = Field(0.8, gt=0, le=1, description="efficiency of per-token work per doubling "
                                                               "of TP (0.8: DistServe's OPT-13B profiles)")
     step_overhead_ms: float = Field(3.0, ge=0, description="fixed scheduler/launch cost per step (roofline)")
+    layer_overhead_us: float = Field(0.0, ge=0, description="fixed cost per layer per step (roofline): the "
+                                                            "latency floor of a layer's small kernels")
+    allreduce_latency_us: float | None = Field(None, ge=0, description="fixed cost of one TP all-reduce "
+                                                                       "(default: the hardware's)")
+    ttft_overhead_ms: float = Field(0.0, ge=0, description="serving front-end time per request outside the "
+                                                           "engine (HTTP, tokenisation, first-token "
+                                                           "streaming): added to TTFT, occupies no GPU")
     pp_hop_latency_ms: float = Field(0.5, ge=0, description="fixed cost per pipeline stage boundary per "
                                                             "step (send/recv, synchronisation)")
+    calibration: str | None = Field(None, description="serving engine whose fitted efficiencies to use "
+                                                      "(vllm, sglang, trtllm; see placement.calibration); "
+                                                      "fields set here win over the fitted ones")
     mem_utilization: float = Field(0.9, gt=0, le=1, description="fraction of HBM the engine may use")
     reserve_gib: float = Field(2.0, ge=0, description="activation/workspace memory per GPU, not for KV")
 
@@ -148,6 +159,10 @@ class SearchSpec(_Strict):
     node_ratios: bool = Field(False, description="algorithm 2: also try n_p:n_d instance mixes per node "
                                                  "(DistServe pairs one prefill with one decode)")
     colocated_baseline: bool = Field(True, description="also size the colocated baseline on the same GPUs")
+    colocated_chunked_prefill: bool = Field(False, description="colocated baseline with chunked prefill "
+                                                               "(vLLM v1: prompt chunks share each step with the "
+                                                               "decodes) instead of prefill batches that stall "
+                                                               "every running decode (vLLM 0.2, DistServe's baseline)")
 
 
 class PlannerConfig(_Strict):

@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 class InstanceView(NamedTuple):
     """What a policy may see of one instance at the moment of an arrival."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # NOTE: shadows tuple.index; the field name is the policy API
     role: str  # "prefill" | "decode"
     queued_requests: int
     queued_prompt_tokens: int

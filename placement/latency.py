@@ -11,7 +11,11 @@ Roofline: compute terms are FLOPs / (peak x efficiency), memory terms bytes / (H
 Regression (tp=1): pa=a, pb=b, p_fixed=c; d_mem_a=a, d_lin=b, d_fixed=c. For tp=k the per-token terms
 divide by k*e (e = tp_efficiency^log2 k), the weight-streaming share of the constant divides by k, and
 each layer adds two ring all-reduces. Pipeline stages add one activation hop per stage boundary; the
-times below are end-to-end latencies, and the simulator overlaps `pp` batches in flight.
+times below are end-to-end latencies, and the simulator overlaps `pp` batches in flight, splitting each
+step with `stage_split` (the driver's serial share, each stage's share, the hop between stages).
+
+A mixed step (chunked prefill: prompt tokens and running decodes in one batch) reads the weights once
+for both in the roofline; the regression's terms add up (`mixed_step_time_s`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,36 @@ from placement.config import Coefficients, LatencySpec
 from placement.errors import DoesNotFitError
 
 ACT_BYTES = 2  # activations cross links in 16-bit
+
+
+@dataclass(frozen=True)
+class PipelineSplit:
+    """How one step's end-to-end time divides over `pp` stages: `serial_s` on the driver (scheduling and
+    sampling, one micro-batch at a time), each stage's share of the rest (layers do not split evenly
+    and the last stage also holds the LM head), and a hop (latency + activations) between stages."""
+
+    shares: tuple[float, ...] = (1.0,)
+    serial_s: float = 0.0
+    hop_s: float = 0.0
+    hop_s_per_token: float = 0.0
+
+    @classmethod
+    def even(cls, pp: int) -> PipelineSplit:
+        return cls(tuple([1.0 / pp] * pp))
+
+
+def stage_shares(model: ModelArch, pp: int) -> tuple[float, ...]:
+    """Share of a step's work per stage: layers split as evenly as they go (the first stages take the
+    remainder, like vLLM's partition), the LM head on the last stage."""
+    if pp <= 1:
+        return (1.0,)
+    head = float(model.vocab * model.hidden)
+    layer = max(1.0, (model.params - 2 * head) / model.layers)
+    base, extra = divmod(model.layers, pp)
+    work = [(base + (1 if s < extra else 0)) * layer for s in range(pp)]
+    work[-1] += head
+    total = sum(work)
+    return tuple(w / total for w in work)
 
 
 @dataclass(frozen=True)
@@ -50,7 +84,8 @@ class LatencyModel:
 
     def __init__(self, terms: Terms, *, tp: int, pp: int, kv_bytes_per_token: int, kv_capacity_tokens: int,
                  same_node_bps: float, cross_node_bps: float, transfer_latency_s: float = 5e-4,
-                 label: str = "") -> None:
+                 label: str = "", shared_weights: bool = False, request_overhead_s: float = 0.0,
+                 stages: PipelineSplit | None = None) -> None:
         self.terms = terms
         self.tp = tp
         self.pp = pp
@@ -60,6 +95,9 @@ class LatencyModel:
         self._cross_bps = cross_node_bps
         self.transfer_latency_s = transfer_latency_s
         self.label = label
+        self.shared_weights = shared_weights
+        self.request_overhead_s = request_overhead_s
+        self.stages = stages or PipelineSplit.even(pp)
 
     @property
     def gpus(self) -> int:
@@ -85,6 +123,34 @@ class LatencyModel:
         comp = t.d_comp_b * batch + t.d_comp_a * total_context_tokens
         return (mem if mem > comp else comp) + t.d_fixed + t.d_lin * batch
 
+    def mixed_step_time_s(self, prefill_tokens: int, prefill_sum_sq: float, batch: int,
+                          total_context_tokens: int) -> float:
+        """One engine step holding `prefill_tokens` prompt tokens (chunks; `prefill_sum_sq` is the sum over
+        chunks of (done + chunk)^2 - done^2, the causal-attention work) and `batch` decoding sequences."""
+        if prefill_tokens <= 0:
+            return self.decode_step_time_s(batch, total_context_tokens)
+        if batch <= 0:
+            return self.prefill_time_from_sums(prefill_tokens, prefill_sum_sq)
+        t = self.terms
+        mem = t.d_mem_c + t.d_mem_a * total_context_tokens
+        comp = (t.pa * prefill_tokens + t.pb * prefill_sum_sq + t.d_comp_b * batch
+                + t.d_comp_a * total_context_tokens)
+        if self.shared_weights:  # roofline: one pass over the weights serves prompt and decode tokens
+            core = max(mem, comp, t.p_mem)
+        else:  # regression: DistServe's prefill and decode terms add up
+            core = comp + mem
+        fixed = t.p_fixed if t.p_fixed > t.d_fixed else t.d_fixed
+        return core + fixed + t.p_lin * prefill_tokens + t.d_lin * batch
+
+    def stage_split(self, total_s: float, tokens: int) -> tuple[float, list[float], float]:
+        """(serial driver time, time in each pipeline stage, hop between stages) of a step whose
+        end-to-end latency alone is `total_s`; the parts add up to `total_s`."""
+        sp = self.stages
+        hop = sp.hop_s + sp.hop_s_per_token * tokens
+        serial = min(sp.serial_s, total_s)
+        work = max(0.0, total_s - serial - hop * (len(sp.shares) - 1))
+        return serial, [work * f for f in sp.shares], hop
+
     def kv_bytes_per_token(self) -> int:
         return self._kvb
 
@@ -108,6 +174,10 @@ class LatencyModel:
                      gpus_per_node: int | None = None) -> LatencyModel:
         """Roofline model, or DistServe regression when `spec.coefficients` is set (missing TPs derived)."""
         spec = spec or LatencySpec()
+        if spec.calibration:
+            from placement.calibration import calibrated_spec
+
+            spec = calibrated_spec(spec, hardware.name, weight_dtype)
         if tp < 1 or pp < 1:
             raise DoesNotFitError(f"tp={tp}, pp={pp}: both must be >= 1")
         kvb = model.kv_bytes_per_token(kv_dtype)
@@ -120,24 +190,28 @@ class LatencyModel:
         e = spec.tp_efficiency ** math.log2(tp) if tp > 1 else 1.0
         gpn = gpus_per_node or hardware.gpus_per_node
         # Ring all-reduce after attention and after the MLP in every layer.
-        ar_fixed = 2 * model.layers * hardware.allreduce_latency_us * 1e-6 if tp > 1 else 0.0
+        ar_us = hardware.allreduce_latency_us if spec.allreduce_latency_us is None else spec.allreduce_latency_us
+        ar_fixed = 2 * model.layers * ar_us * 1e-6 if tp > 1 else 0.0
         ar_tok = 2 * model.layers * 2 * (tp - 1) / tp * model.hidden * ACT_BYTES / nvlink if tp > 1 else 0.0
         hop_bps = nvlink if tp * pp <= gpn else nic
         pp_fixed = (pp - 1) * spec.pp_hop_latency_ms / 1000.0
         pp_tok = (pp - 1) * model.hidden * ACT_BYTES / hop_bps
+        serial = spec.step_overhead_ms / 1000.0
         if spec.coefficients:
             coeffs = spec.coefficients
+            w_share = min(0.95, wbytes / hbm / (coeffs[1].decode_c / 1000.0)) if coeffs[1].decode_c else 0.0
+            # NOTE: the constant's share that is not weight streaming (launch, scheduling, sampling) is paid
+            # once per step on the driver, whatever the TP or PP.
+            serial = (1.0 - w_share) * coeffs[1].decode_c / 1000.0
             if tp in coeffs:
                 terms = _regression_terms(coeffs[tp], 1, 1.0, 0.0)
             else:
-                w_share = min(0.95, wbytes / hbm / (coeffs[1].decode_c / 1000.0)) if coeffs[1].decode_c else 0.0
                 terms = _regression_terms(coeffs[1], tp, e, w_share)
                 terms = _add(terms, ar_fixed, ar_tok)
             label = f"{model.name}@{hardware.name} regression"
         else:
-            cdtype = weight_dtype if weight_dtype in ("fp8", "fp32") else "bf16"
-            peak = hardware.peak_flops(cdtype) * spec.compute_efficiency * tp * e
-            over = spec.step_overhead_ms / 1000.0
+            peak = hardware.peak_flops(hardware.compute_dtype(weight_dtype)) * spec.compute_efficiency * tp * e
+            over = spec.step_overhead_ms / 1000.0 + model.layers * spec.layer_overhead_us * 1e-6
             terms = Terms(
                 pa=model.linear_flops_per_token() / peak,
                 pb=model.attention_flops(1.0) / peak,
@@ -153,8 +227,12 @@ class LatencyModel:
             )
             label = f"{model.name}@{hardware.name} roofline"
         terms = _add(terms, pp_fixed, pp_tok)
+        roofline = not spec.coefficients
+        split = PipelineSplit(stage_shares(model, pp), serial if pp > 1 else 0.0, spec.pp_hop_latency_ms / 1000.0,
+                              model.hidden * ACT_BYTES / hop_bps)
         return cls(terms, tp=tp, pp=pp, kv_bytes_per_token=kvb, kv_capacity_tokens=capacity,
-                   same_node_bps=nvlink, cross_node_bps=nic, label=f"{label} tp{tp} pp{pp}")
+                   same_node_bps=nvlink, cross_node_bps=nic, label=f"{label} tp{tp} pp{pp}",
+                   shared_weights=roofline, request_overhead_s=spec.ttft_overhead_ms / 1000.0, stages=split)
 
     @classmethod
     def from_coefficients(cls, coeffs: Coefficients, *, kv_bytes_per_token: int, kv_capacity_tokens: int,
@@ -168,7 +246,7 @@ class LatencyModel:
 
     @classmethod
     def from_profile(cls, path: str | Path) -> LatencyModel:
-        """The model measured by `python -m placement profile` (see placement.profile_io)."""
+        """The model measured by `python -m benchmarks.profile` (see placement.profile_io)."""
         from placement.profile_io import load_profile
 
         prof = load_profile(path)

@@ -68,9 +68,11 @@ class PlacementPlan:
 
     @property
     def colocated_ratio(self) -> float | None:
-        if self.colocated is None or self.colocated.goodput_rps <= 0:
+        """Disaggregated over colocated goodput per GPU. NOTE: per GPU, not in total: the colocated
+        engines rarely tile the plan's GPUs exactly (3 GPUs hold one TP2 engine and an idle GPU)."""
+        if self.colocated is None or self.colocated.goodput_per_gpu <= 0:
             return None
-        return self.goodput_rps / self.colocated.goodput_rps
+        return self.goodput_per_gpu / self.colocated.goodput_per_gpu
 
     def to_json_dict(self) -> dict[str, Any]:
         def num(x: float | None) -> float | None:
@@ -144,7 +146,7 @@ def format_plan(plan: PlacementPlan) -> str:
         c = plan.colocated
         ratio = plan.colocated_ratio
         lines.append(f"colocated baseline {c.instances} x TP{c.tp} on {c.gpus} GPUs: {_fmt(c.goodput_rps)} req/s "
-                     f"({_fmt(c.goodput_per_gpu)} per GPU); disaggregated/colocated = "
+                     f"({_fmt(c.goodput_per_gpu)} per GPU); disaggregated/colocated per GPU = "
                      f"{_fmt(ratio, 'x') if ratio else 'inf (colocated meets no SLO)'}")
     packing = plan.node_packing
     shown = packing if len(packing) <= 8 else packing[:6]

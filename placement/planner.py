@@ -140,7 +140,8 @@ def make_plan(cfg: PlannerConfig) -> PlacementPlan:
                     c.goodput.per_gpu)
     colo = None
     if s.colocated_baseline:
-        colo = best_by_per_gpu([PhaseChoice(lat, colocated_goodput(lat, wl, slo, s.max_prefill_tokens))
+        colo = best_by_per_gpu([PhaseChoice(lat, colocated_goodput(lat, wl, slo, s.max_prefill_tokens,
+                                                                   s.colocated_chunked_prefill))
                                 for lat in cands if lat.pp == 1] or [PhaseChoice(cands[0], pre[0].goodput)])
     w = cfg.workload
     rates: list[float | None]

@@ -1,4 +1,4 @@
-"""The measured-profile YAML: what `python -m placement profile` writes and the planner reads.
+"""The measured-profile YAML: what `python -m benchmarks.profile` writes and the planner reads.
 
 Format (version 1), all times in milliseconds like DistServe's coefficients:
 
@@ -101,7 +101,7 @@ def load_profile(path: str | Path) -> ProfileData:
     p = Path(path)
     if not p.is_file():
         raise PlacementError(f"profile {str(p)!r} does not exist; create it with "
-                             f"`python -m placement profile --model MODEL --out {p}`")
+                             f"`python -m benchmarks.profile --model MODEL --out {p}`")
     try:
         return ProfileData.model_validate(yaml.safe_load(p.read_text()))
     except ValidationError as exc:

@@ -36,8 +36,7 @@ def decode_roofline(model: ModelArch, hw: HardwareArch, *, gpus: int, weight_dty
     price = hw.gpu_hour_usd if gpu_hour_usd is None else gpu_hour_usd
     weights = model.weight_bytes(weight_dtype)
     kvb = model.kv_bytes_per_token(kv_dtype)
-    cdtype = weight_dtype if weight_dtype in ("fp8", "fp32") else "bf16"
-    peak = hw.peak_flops(cdtype) * gpus
+    peak = hw.peak_flops(hw.compute_dtype(weight_dtype)) * gpus
     bw = hw.hbm_tbps * 1e12 * gpus
     out = []
     for b in batches:

@@ -118,9 +118,11 @@ def decode_goodput(lat: LatencyModel, wl: Workload, slo: SLOSpec,
     return g._replace(rate_rps=min(g.rate_rps, cap))
 
 
-def colocated_goodput(lat: LatencyModel, wl: Workload, slo: SLOSpec, max_tokens: int) -> Goodput:
+def colocated_goodput(lat: LatencyModel, wl: Workload, slo: SLOSpec, max_tokens: int,
+                      chunked_prefill: bool = False) -> Goodput:
     def attain(rate: float) -> float:
-        res = simulate_colocated(lat, 1, wl.at_rate(rate), max_prefill_tokens=max_tokens)
+        res = simulate_colocated(lat, 1, wl.at_rate(rate), max_prefill_tokens=max_tokens,
+                                 chunked_prefill=chunked_prefill)
         return res.attainment(slo.ttft_s, slo.tpot_s)
 
     cp, cd = prefill_capacity(lat, wl, max_tokens), decode_capacity(lat, wl, slo.tpot_s)

@@ -32,22 +32,37 @@ class ReqState:
 
 @dataclass(slots=True)
 class Pipeline:
-    """Stage occupancy of a pp-stage instance: a batch enters stage s+1 when it leaves stage s and
-    stage s+1 is free, so batches of unequal size leave bubbles (exact for in-order pipelines)."""
+    """Stage occupancy of a pp-stage instance: a batch enters stage s+1 when it leaves stage s (plus the
+    hop between them) and stage s+1 is free, so batches of unequal size and unequal stages leave bubbles
+    (exact for in-order pipelines). The driver schedules one micro-batch at a time (`driver_free`)."""
 
     free_at: list[float]
+    lat: LatencyModel | None = None
+    driver_free: float = 0.0
 
     @classmethod
-    def of(cls, pp: int) -> Pipeline:
-        return cls([0.0] * pp)
+    def of(cls, pp: int, lat: LatencyModel | None = None) -> Pipeline:
+        return cls([0.0] * pp, lat)
 
-    def run(self, now: float, total_s: float) -> float:
+    def run(self, now: float, total_s: float, tokens: int = 0) -> float:
         """Schedule a batch whose end-to-end latency alone is `total_s`; return its completion time."""
-        stage = total_s / len(self.free_at)
-        t = now
-        for s, free in enumerate(self.free_at):
-            t = (t if t > free else free) + stage
-            self.free_at[s] = t
+        free = self.free_at
+        if len(free) == 1 or self.lat is None:
+            stage = total_s / len(free)
+            t = now
+            for s, f in enumerate(free):
+                t = (t if t > f else f) + stage
+                free[s] = t
+            return t
+        serial, stages, hop = self.lat.stage_split(total_s, tokens)
+        t = (now if now > self.driver_free else self.driver_free) + serial
+        self.driver_free = t
+        for s, dur in enumerate(stages):
+            if s:
+                t += hop
+            f = free[s]
+            t = (t if t > f else f) + dur
+            free[s] = t
         return t
 
 
@@ -123,9 +138,24 @@ class DecodeLane:
     def step_time(self) -> float:
         return self.lat.decode_step_time_s(self.batch, self.context_tokens())
 
-    def finish_step(self, reqs: list[ReqState], now: float) -> list[int]:
-        """Advance one step; return the ids of requests that produced their last token."""
-        self.step += 1
+    def run_until(self, now: float, until: float) -> tuple[float, int]:
+        """Decode steps back to back from `now`, stopping after the step in which a request finishes or
+        which ends at or after `until` (the next outside event); returns (end time, steps). Only for a
+        lane that has its instance to itself (pp = 1)."""
+        left = self.finishing[0][0] - self.step
+        b, ctx, t, k = self.batch, self.context_tokens(), now, 0
+        step = self.lat.decode_step_time_s
+        while k < left:
+            t += step(b, ctx)
+            k += 1
+            ctx += b
+            if t >= until:
+                break
+        return t, k
+
+    def finish_step(self, reqs: list[ReqState], now: float, steps: int = 1) -> list[int]:
+        """Advance `steps` steps; return the ids of requests that produced their last token."""
+        self.step += steps
         done: list[int] = []
         while self.finishing and self.finishing[0][0] <= self.step:
             _, rid = heapq.heappop(self.finishing)
@@ -140,11 +170,17 @@ class DecodeLane:
 
 @dataclass(slots=True)
 class ColocatedInstance:
-    """vLLM-style (no chunked prefill): a prefill batch runs whenever waiting requests fit, stalling decode."""
+    """One engine doing both phases. Without chunked prefill (vLLM <= 0.5's default, SGLang): a prefill
+    batch of whole prompts runs whenever waiting requests fit the KV cache, stalling every running
+    decode. With chunked prefill (vLLM v1, TensorRT-LLM): every step carries all running decodes plus
+    prompt chunks up to `max_tokens` tokens, so prefill slows the decode steps it shares instead."""
 
     lane: DecodeLane
     max_tokens: int
+    chunked: bool = False
     busy: bool = False
+    prefilling: deque[int] = field(default_factory=deque)
+    done_tokens: dict[int, int] = field(default_factory=dict)
 
     def take_prefill(self, reqs: list[ReqState]) -> tuple[list[int], float]:
         lane = self.lane
@@ -165,3 +201,47 @@ class ColocatedInstance:
             total += r.input_len
             sq += r.input_len * r.input_len
         return batch, lane.lat.prefill_time_from_sums(total, sq)
+
+    def take_chunks(self, reqs: list[ReqState]) -> tuple[list[tuple[int, int]], float]:
+        """Chunked prefill: admit waiting requests whose KV fits, then fill the step's token budget left
+        by the running decodes with prompt chunks, oldest first. Returns ([(rid, tokens)], step time);
+        an empty list means a decode-only step."""
+        lane = self.lane
+        while lane.waiting:
+            rid = lane.waiting[0]
+            r = reqs[rid]
+            if lane.kv_used + r.input_len + r.output_len > lane.capacity:
+                break
+            lane.waiting.popleft()
+            lane.waiting_tokens -= r.input_len
+            lane.kv_used += r.input_len + r.output_len
+            self.prefilling.append(rid)
+            self.done_tokens[rid] = 0
+        budget = self.max_tokens - lane.batch
+        chunks: list[tuple[int, int]] = []
+        total = 0
+        sq = 0
+        for rid in self.prefilling:
+            if budget <= 0:
+                break
+            done = self.done_tokens[rid]
+            n = min(reqs[rid].input_len - done, budget)
+            chunks.append((rid, n))
+            total += n
+            sq += (done + n) * (done + n) - done * done
+            budget -= n
+        if not chunks:
+            return chunks, 0.0
+        return chunks, lane.lat.mixed_step_time_s(total, sq, lane.batch, lane.context_tokens())
+
+    def finish_chunks(self, reqs: list[ReqState], chunks: list[tuple[int, int]]) -> list[int]:
+        """Record the step's chunks; return the ids whose prompt is now complete (in FIFO order)."""
+        complete: list[int] = []
+        for rid, n in chunks:
+            self.done_tokens[rid] += n
+            if self.done_tokens[rid] >= reqs[rid].input_len:
+                del self.done_tokens[rid]
+                complete.append(rid)
+        for _ in complete:
+            self.prefilling.popleft()
+        return complete

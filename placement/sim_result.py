@@ -32,6 +32,7 @@ class Percentiles(NamedTuple):
     p50: float
     p90: float
     p99: float
+    mean: float = float("nan")
 
     def at(self, name: str) -> float:
         return float(getattr(self, name))
@@ -87,8 +88,9 @@ class SimResult:
     def _pct(self, values: list[float]) -> Percentiles:
         if not values:
             return Percentiles(float("nan"), float("nan"), float("nan"))
-        a = np.percentile(np.asarray(values), [50, 90, 99])
-        return Percentiles(float(a[0]), float(a[1]), float(a[2]))
+        v = np.asarray(values)
+        a = np.percentile(v, [50, 90, 99])
+        return Percentiles(float(a[0]), float(a[1]), float(a[2]), float(v.mean()))
 
     def ttft(self) -> Percentiles:
         return self._pct([r.ttft_s for r in self.records if not r.rejected])

@@ -10,15 +10,23 @@ Request life cycle (disaggregated):
 TTFT = first token - arrival (includes queueing, prefill and KV transfer). TPOT = (finish - first
 token) / (output_len - 1), so decode queueing counts against TPOT; requests with one output token
 finish at the first token. Open loop: requests arrive at their `arrival_s`. Closed loop (`clients=C`):
-C requests start at t=0 and each completion or rejection sends the next one. Modes "prefill" and
+client i sends its first request at i * ramp_s / C (ramp_s = 0: all at once, a burst; or ramp_s[i]) and each
+completion or rejection sends that client's next one. A request reaches the engine
+`request_overhead_s` (the serving front-end's share of TTFT) after it is sent. Modes "prefill" and
 "decode" simulate one pool alone (used by the search).
+
+Decode lanes that have their instance to themselves run steps back to back up to the next finish or
+the next outside event in one event (`DecodeLane.run_until`), which gives the same times as one event
+per step at a fraction of the cost.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
+import math
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from placement.dispatch import DispatchPolicy, InstanceView, RoundRobinDispatch
 from placement.latency import LatencyModel
@@ -33,24 +41,32 @@ SameNode = Callable[[int, int], bool]
 
 
 class _Sim:
-    def __init__(self, requests: Sequence[Request], clients: int | None) -> None:
+    def __init__(self, requests: Sequence[Request], clients: int | None, ramp_s: float | Sequence[float] = 0.0,
+                 entry_delay_s: float = 0.0) -> None:
         self.reqs = [ReqState(r.arrival_s, r.input_len, r.output_len) for r in requests]
         self.events: list[tuple[float, int, int, int, object]] = []
         self.seq = 0
         self.next_closed = 0
         self.clients = clients
+        self.delay = entry_delay_s
         if clients is None:
             for rid, r in enumerate(self.reqs):
-                self.push(r.arrival, _ARRIVE, rid, None)
+                self.push(r.arrival + self.delay, _ARRIVE, rid, None)
         else:
-            for rid in range(min(clients, len(self.reqs))):
-                self.reqs[rid].arrival = 0.0
-                self.push(0.0, _ARRIVE, rid, None)
-            self.next_closed = min(clients, len(self.reqs))
+            first = min(clients, len(self.reqs))
+            starts = [i * ramp_s / clients for i in range(first)] if isinstance(ramp_s, float | int) else list(ramp_s)
+            for rid in range(first):
+                t = starts[rid]
+                self.reqs[rid].arrival = t
+                self.push(t + self.delay, _ARRIVE, rid, None)
+            self.next_closed = first
 
     def push(self, t: float, kind: int, a: int, b: object) -> None:
         self.seq += 1
         heapq.heappush(self.events, (t, self.seq, kind, a, b))
+
+    def next_time(self) -> float:
+        return self.events[0][0] if self.events else math.inf
 
     def completed(self, now: float) -> None:
         """Closed loop: a finished or rejected request frees its client."""
@@ -58,13 +74,14 @@ class _Sim:
             rid = self.next_closed
             self.next_closed += 1
             self.reqs[rid].arrival = now
-            self.push(now, _ARRIVE, rid, None)
+            self.push(now + self.delay, _ARRIVE, rid, None)
 
 
 def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, n_prefill: int, n_decode: int,
                            requests: Sequence[Request], *, dispatch: DispatchPolicy | None = None,
                            same_node: bool | SameNode = False, max_prefill_tokens: int = 4096,
-                           clients: int | None = None, mode: str = "both") -> SimResult:
+                           clients: int | None = None, mode: str = "both",
+                           ramp_s: float | Sequence[float] = 0.0) -> SimResult:
     """Simulate `n_prefill` prefill and `n_decode` decode instances serving `requests`.
 
     `mode="prefill"` stops at the first token (decode not simulated); `mode="decode"` sends requests
@@ -73,13 +90,14 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
     """
     if n_prefill < 1 or n_decode < 1:
         raise ValueError(f"need at least one prefill and one decode instance, got {n_prefill}, {n_decode}")
-    sim = _Sim(requests, clients)
+    sim = _Sim(requests, clients, ramp_s, 0.0 if mode == "decode" else prefill_lat.request_overhead_s)
     reqs = sim.reqs
     policy = dispatch or RoundRobinDispatch()
-    pre = [PrefillInstance(prefill_lat, max_prefill_tokens, pipe=Pipeline.of(prefill_lat.pp)) for _ in range(n_prefill)]
+    pre = [PrefillInstance(prefill_lat, max_prefill_tokens, pipe=Pipeline.of(prefill_lat.pp, prefill_lat))
+           for _ in range(n_prefill)]
     lanes_per = decode_lat.pp
     lane_cap = decode_lat.kv_capacity_tokens() // lanes_per
-    pipes = [Pipeline.of(lanes_per) for _ in range(n_decode)]
+    pipes = [Pipeline.of(lanes_per, decode_lat) for _ in range(n_decode)]
     lanes = [[DecodeLane(decode_lat, lane_cap, pipes[i]) for _ in range(lanes_per)] for i in range(n_decode)]
     lane_rr = [0] * n_decode
     near = same_node if callable(same_node) else (lambda p, d, _v=bool(same_node): _v)
@@ -99,7 +117,7 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
             return
         batch, dt = p.take_batch(reqs)
         p.in_flight += 1
-        sim.push(p.pipe.run(now, dt), _P_DONE, i, batch)
+        sim.push(p.pipe.run(now, dt, sum(reqs[rid].input_len for rid in batch)), _P_DONE, i, batch)
         if prefill_lat.pp > 1:
             sim.push(p.pipe.free_at[0], _P_FREE, i, None)
 
@@ -107,9 +125,14 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
         if ln.busy:
             return
         ln.admit_waiting(reqs, now)
-        if ln.batch:
-            ln.busy = True
-            sim.push(ln.pipe.run(now, ln.step_time()), _D_STEP, key[0], key[1])
+        if not ln.batch:
+            return
+        ln.busy = True
+        if lanes_per == 1:
+            end, k = ln.run_until(now, sim.next_time())
+            sim.push(end, _D_STEP, key[0], (key[1], k))
+        else:
+            sim.push(ln.pipe.run(now, ln.step_time(), ln.batch), _D_STEP, key[0], (key[1], 1))
 
     def to_decode(rid: int, now: float) -> None:
         r = reqs[rid]
@@ -166,10 +189,10 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
             reqs[a].first_token = now
             to_decode(a, now)
         elif kind == _D_STEP:
-            j = int(b)  # type: ignore[call-overload]
+            j, k = cast(tuple[int, int], b)
             ln = lanes[a][j]
             ln.busy = False
-            for _rid in ln.finish_step(reqs, now):
+            for _rid in ln.finish_step(reqs, now, k):
                 sim.completed(now)
             kick_lane(ln, (a, j), now)
     for ls in lanes:
@@ -179,27 +202,52 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
 
 
 def simulate_colocated(lat: LatencyModel, n_instances: int, requests: Sequence[Request], *,
-                       max_prefill_tokens: int = 4096, clients: int | None = None) -> SimResult:
-    """Colocated baseline: `n_instances` engines, round-robin arrivals, prefill-priority scheduling."""
+                       max_prefill_tokens: int = 4096, clients: int | None = None, chunked_prefill: bool = False,
+                       ramp_s: float | Sequence[float] = 0.0) -> SimResult:
+    """Colocated baseline: `n_instances` engines, round-robin arrivals. Without chunked prefill a prefill
+    batch (up to `max_prefill_tokens` prompt tokens) preempts the decodes; with it, each step carries the
+    running decodes plus prompt chunks up to `max_prefill_tokens` tokens in all (see ColocatedInstance)."""
     if n_instances < 1:
         raise ValueError(f"need at least one colocated instance, got {n_instances}")
-    sim = _Sim(requests, clients)
+    if lat.pp != 1:
+        raise ValueError(f"the colocated simulator runs pp=1 engines, got pp={lat.pp}")
+    sim = _Sim(requests, clients, ramp_s, lat.request_overhead_s)
     reqs = sim.reqs
-    insts = [ColocatedInstance(DecodeLane(lat, lat.kv_capacity_tokens(), Pipeline.of(1)), max_prefill_tokens)
-             for _ in range(n_instances)]
+    insts = [ColocatedInstance(DecodeLane(lat, lat.kv_capacity_tokens(), Pipeline.of(1)), max_prefill_tokens,
+                               chunked_prefill) for _ in range(n_instances)]
     rr = 0
+
+    def start_decode(lane: DecodeLane, rid: int, now: float) -> None:
+        r = reqs[rid]
+        r.first_token = r.decode_start = now
+        lane.kv_used -= r.input_len + r.output_len
+        if r.output_len <= 1:
+            r.finish = now
+            sim.completed(now)
+        else:
+            lane.admit(rid, r)
 
     def kick(i: int, now: float) -> None:
         inst = insts[i]
         if inst.busy:
             return
-        batch, dt = inst.take_prefill(reqs)
-        if batch:
+        lane = inst.lane
+        if inst.chunked:
+            chunks, dt = inst.take_chunks(reqs)
+            if chunks:
+                inst.busy = True
+                sim.push(now + dt, _C_DONE, i, chunks)
+                return
+        else:
+            batch, dt = inst.take_prefill(reqs)
+            if batch:
+                inst.busy = True
+                sim.push(now + dt, _C_DONE, i, batch)
+                return
+        if lane.batch:
             inst.busy = True
-            sim.push(now + dt, _C_DONE, i, batch)
-        elif inst.lane.batch:
-            inst.busy = True
-            sim.push(now + inst.lane.step_time(), _D_STEP, i, None)
+            end, k = lane.run_until(now, sim.next_time())
+            sim.push(end, _D_STEP, i, k)
 
     while sim.events:
         now, _, kind, a, b = heapq.heappop(sim.events)
@@ -217,21 +265,24 @@ def simulate_colocated(lat: LatencyModel, n_instances: int, requests: Sequence[R
             lane.waiting_tokens += r.input_len
             kick(i, now)
         elif kind == _C_DONE:
-            lane = insts[a].lane
-            insts[a].busy = False
-            for rid in b:  # type: ignore[attr-defined]
-                r = reqs[rid]
-                r.first_token = r.decode_start = now
-                lane.kv_used -= r.input_len + r.output_len
-                if r.output_len <= 1:
-                    r.finish = now
-                    sim.completed(now)
-                else:
-                    lane.admit(rid, r)
+            inst = insts[a]
+            inst.busy = False
+            if inst.chunked:
+                # NOTE: the step also advanced every running decode by one token.
+                if inst.lane.batch:
+                    for _rid in inst.lane.finish_step(reqs, now):
+                        sim.completed(now)
+                for rid in inst.finish_chunks(reqs, b):  # type: ignore[arg-type]
+                    start_decode(inst.lane, rid, now)
+            else:
+                for rid in b:  # type: ignore[attr-defined]
+                    start_decode(inst.lane, rid, now)
             kick(a, now)
         elif kind == _D_STEP:
             insts[a].busy = False
-            for _rid in insts[a].lane.finish_step(reqs, now):
+            for _rid in insts[a].lane.finish_step(reqs, now, int(b)):  # type: ignore[call-overload]
                 sim.completed(now)
             kick(a, now)
+    for inst in insts:
+        assert inst.lane.kv_used == 0 and inst.lane.batch == 0 and not inst.prefilling, "colocated engine not drained"
     return SimResult.from_states(reqs, policy_rejected=0)

@@ -1,8 +1,11 @@
-"""Workloads: request lengths, arrival processes (Poisson, gamma), trace files.
+"""Workloads: request lengths, arrival processes (Poisson, gamma), trace files. The one generator of
+traces, length distributions and arrivals for both the planner and the benchmarks (benchmarks/workload.py
+wraps it with prompts and its own request types).
 
 A `Workload` draws lengths and unit-rate inter-arrival gaps once; `at_rate(r)` rescales the gaps. The
 same draws at every rate (common random numbers) keep attainment-versus-rate curves smooth, which
-the goodput binary search relies on.
+the goodput binary search relies on. Gaps are gamma draws with mean 1 and the given coefficient of
+variation; at CV 1 numpy's gamma is its exponential, so Poisson is the same stream.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -21,6 +25,8 @@ from placement.errors import PlacementError
 
 logger = logging.getLogger(__name__)
 
+MAX_REQUESTS = 100_000
+
 
 class Request(NamedTuple):
     """One request of a trace: arrival time (s from start), prompt and output lengths in tokens."""
@@ -28,6 +34,21 @@ class Request(NamedTuple):
     arrival_s: float
     input_len: int
     output_len: int
+
+
+def lognormal_lengths(mu: float, sigma: float, n: int, rng: np.random.Generator, low: int = 1,
+                      high: int = 1_000_000) -> np.ndarray:
+    """n lengths exp(N(mu, sigma)), rounded half to even and clipped to [low, high]."""
+    return np.clip(np.rint(rng.lognormal(mu, sigma, size=n)), low, high).astype(np.int64)
+
+
+def jittered_lengths(input_len: int, output_len: int, jitter: float, n: int,
+                     rng: np.random.Generator) -> list[tuple[int, int]]:
+    """n (input, output) pairs, each length uniform within +-jitter of its value (at least 1); the two
+    draws of a pair are taken one after the other."""
+    lo, hi = 1 - jitter, 1 + jitter
+    return [(max(1, round(input_len * rng.uniform(lo, hi))), max(1, round(output_len * rng.uniform(lo, hi))))
+            for _ in range(n)]
 
 
 def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -42,16 +63,42 @@ def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator) -> np.nda
         # Lognormal with the given mean and sd (of the lengths, not of their logs).
         sigma2 = np.log1p((dist.sd / dist.mean) ** 2)
         mu = np.log(dist.mean) - sigma2 / 2
-        out = np.rint(rng.lognormal(mu, np.sqrt(sigma2), size=n)).astype(np.int64)
+        out = lognormal_lengths(float(mu), float(np.sqrt(sigma2)), n, rng, dist.min, dist.max)
     return np.clip(out, dist.min, dist.max)
+
+
+def gamma_gaps(n: int, cv: float, rng: np.random.Generator) -> np.ndarray:
+    """n inter-arrival gaps with mean 1 s and coefficient of variation `cv` (1: exponential, Poisson)."""
+    if not (cv > 0 and math.isfinite(cv)):
+        raise PlacementError(f"arrival cv={cv!r} must be > 0 (1 is Poisson)")
+    shape = 1.0 / (cv * cv)
+    return rng.gamma(shape, 1.0 / shape, size=n)
 
 
 def unit_gaps(n: int, process: str, cv: float, rng: np.random.Generator) -> np.ndarray:
     """Inter-arrival gaps with mean 1 s: exponential (Poisson) or gamma with the given CV."""
-    if process == "poisson" or cv == 1.0:
-        return rng.exponential(1.0, size=n)
-    shape = 1.0 / (cv * cv)
-    return rng.gamma(shape, 1.0 / shape, size=n)
+    return gamma_gaps(n, 1.0 if process == "poisson" else cv, rng)
+
+
+def arrival_times(rate: float, num_requests: int | None, duration_s: float | None, cv: float,
+                  rng: np.random.Generator, max_requests: int = MAX_REQUESTS) -> list[float]:
+    """Open-loop send times from 0: the first at 0, gamma gaps (mean 1/rate, CV `cv`) after; stops at
+    `num_requests`, at `duration_s` or at `max_requests`, whichever comes first. Draws gaps in blocks,
+    so the generator is left further on than the gaps used."""
+    if not rate > 0:
+        raise PlacementError(f"rate={rate!r} must be > 0")
+    limit = min(num_requests or max_requests, max_requests)
+    times: list[float] = []
+    t = 0.0
+    while len(times) < limit:
+        # NOTE: cumsum from t adds the gaps one by one, as a running `t += gap` would (same floats).
+        steps = np.cumsum(np.concatenate(([t], gamma_gaps(min(1024, limit), cv, rng) / rate)))
+        for at in steps[:-1]:
+            if len(times) >= limit or (duration_s is not None and at >= duration_s):
+                return times
+            times.append(float(at))
+        t = float(steps[-1])
+    return times
 
 
 def clip_to_context(inputs: np.ndarray, outputs: np.ndarray, max_context: int) -> tuple[np.ndarray, np.ndarray]:
@@ -123,10 +170,11 @@ def gamma_trace(n: int, rate_rps: float, cv: float, input_len: LengthDist, outpu
 
 
 def load_trace(path: str | Path) -> list[Request]:
-    """CSV (header row) or JSONL with input_len, output_len and optionally arrival_s (else -1)."""
+    """CSV (header row) or JSONL with input_len, output_len and optionally arrival_s (else -1). Lengths
+    must be >= 1; arrival_s is on every row or none, and non-decreasing."""
     p = Path(path)
     if not p.is_file():
-        raise PlacementError(f"trace file {str(p)!r} does not exist")
+        raise PlacementError(f"trace file {str(p)!r} does not exist; give a .csv or .jsonl path")
     rows: list[dict[str, object]]
     if p.suffix in (".jsonl", ".json"):
         rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
@@ -134,15 +182,21 @@ def load_trace(path: str | Path) -> list[Request]:
         with p.open(newline="") as fh:
             rows = list(csv.DictReader(fh))
     out = []
-    for i, row in enumerate(rows):
+    for i, row in enumerate(rows, 1):
         try:
             inp, outp = int(str(row["input_len"])), int(str(row["output_len"]))
             arr = float(str(row["arrival_s"])) if row.get("arrival_s") not in (None, "") else -1.0
-        except (KeyError, ValueError) as exc:
-            raise PlacementError(f"{p} row {i + 1}: needs integer input_len and output_len ({exc})") from None
+        except (KeyError, ValueError, TypeError) as exc:
+            raise PlacementError(f"trace {p} row {i} ({row!r}): needs integer input_len and output_len and "
+                                 f"optional number arrival_s ({exc})") from None
         if inp < 1 or outp < 1:
-            raise PlacementError(f"{p} row {i + 1}: lengths must be >= 1, got {inp}, {outp}")
+            raise PlacementError(f"trace {p} row {i}: lengths must be >= 1, got {inp}, {outp}")
         out.append(Request(arr, inp, outp))
     if not out:
-        raise PlacementError(f"trace file {p} has no rows")
+        raise PlacementError(f"trace file {p} has no rows; columns are input_len,output_len[,arrival_s]")
+    timed = {r.arrival_s >= 0 for r in out}
+    if len(timed) > 1:
+        raise PlacementError(f"trace {p}: arrival_s is given on some rows only; give it on all or none")
+    if any(b.arrival_s < a.arrival_s for a, b in zip(out, out[1:], strict=False)):
+        raise PlacementError(f"trace {p}: arrival_s must be non-decreasing; sort the rows by arrival_s")
     return out

@@ -39,7 +39,7 @@ def test_predict_json(capsys: pytest.CaptureFixture[str], load: list[str]) -> No
     j = json.loads(out)
     assert rc == 0 and j["completed"] == 200
     for k in ("ttft_s", "tpot_s"):
-        assert set(j[k]) == {"p50", "p90", "p99"} and 0 < j[k]["p50"] <= j[k]["p99"]
+        assert set(j[k]) == {"p50", "p90", "p99", "mean"} and 0 < j[k]["p50"] <= j[k]["p99"]
     assert j["throughput_tok_s"] > 0 and j["requests_per_s"] > 0
 
 

@@ -1,18 +1,23 @@
-"""`python -m placement profile`: measure a real vLLM engine on this machine and write a profile YAML.
+"""`python -m benchmarks.profile`: measure a real vLLM engine on this machine and write the placement
+planner's profile YAML (format: placement.profile_io; docs/placement.md).
 
 Prefill: batches of token-id prompts run with max_tokens=1, timed over `engine.step()` calls.
 Decode: B prompts of length L run a few steps with ignore_eos; each decode step is timed with its batch
-and total context. Both are fitted to DistServe's form by non-negative least squares. vLLM is imported
-lazily here only; the planner never needs it.
+and total context. Both are fitted to DistServe's form by non-negative least squares. It lives with the
+benchmarks, not in placement/, because it runs the engine: the planner imports no engine code.
+
+    python -m benchmarks.profile --model smollm2 --out manifests/profiles/cpu-smollm2.yaml
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import platform
 import socket
 import statistics
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -144,3 +149,48 @@ def profile_engine(model_spec: str, out: str | Path, *, kv_cache_mib: int = 128,
         kv_bytes_per_token=kvb, kv_capacity_tokens=capacity, transfer=TransferInfo(), gpu_hour_usd=gpu_hour_usd)
     save_profile(prof, out)
     return prof
+
+
+def _csv_ints(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.profile",
+                                 description="measure a vLLM engine on this machine and write a placement profile YAML")
+    ap.add_argument("--model", required=True, help="smollm2, tiny-llama, or a local HF model folder")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--kv-cache-mib", type=int, default=128)
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--prefill-lens", type=_csv_ints, default=None, help="e.g. 16,64,128,256,512")
+    ap.add_argument("--decode-batches", type=_csv_ints, default=None, help="e.g. 1,4,8,16")
+    ap.add_argument("--decode-contexts", type=_csv_ints, default=None, help="e.g. 64,256")
+    ap.add_argument("--decode-steps", type=int, default=6)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--gpu-hour-usd", type=float, default=0.1)
+    ap.add_argument("-v", "--verbose", action="store_true")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    prof = profile_engine(args.model, args.out, kv_cache_mib=args.kv_cache_mib, max_model_len=args.max_model_len,
+                          prefill_lens=args.prefill_lens, decode_batches=args.decode_batches,
+                          decode_contexts=args.decode_contexts, decode_steps=args.decode_steps,
+                          repeats=args.repeats, gpu_hour_usd=args.gpu_hour_usd)
+    c = prof.coefficients
+    print(f"wrote {args.out}: prefill {c.prefill_a:.4g}*sum(l) + {c.prefill_b:.4g}*sum(l^2) + {c.prefill_c:.4g} ms "
+          f"(R^2 {prof.fit.prefill_r2}); decode {c.decode_a:.4g}*ctx + {c.decode_b:.4g}*batch + {c.decode_c:.4g} ms "
+          f"(R^2 {prof.fit.decode_r2}); KV {prof.kv_bytes_per_token} B/token, capacity {prof.kv_capacity_tokens} tokens")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
