@@ -9,10 +9,12 @@ Every agent created here goes through `nixl_patch` first, so its progress thread
 from __future__ import annotations
 
 import hashlib
+import importlib
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,8 @@ from kvtransfer import nixl_patch
 logger = logging.getLogger(__name__)
 
 MEMORY_KINDS = ("DRAM", "VRAM")
+# Backend wheels tried, in the `nixl` shim's own order, when the shim is not installed.
+NIXL_BACKEND_MODULES = ("nixl_cu13", "nixl_cu12", "nixl_rocm")
 
 
 @dataclass(frozen=True)
@@ -57,15 +61,43 @@ def first_mismatch(got: np.ndarray, want: np.ndarray) -> int | None:
 
 
 def _import_nixl() -> tuple[Any, Any]:
+    api = _import_nixl_api()
+    return api.nixl_agent, api.nixl_agent_config
+
+
+def nixl_module() -> str:
+    """Name of the module that provides nixl's Python API here, e.g. 'nixl_cu12._api'."""
+    return str(_import_nixl_api().__name__)
+
+
+def _import_nixl_api() -> ModuleType:
+    """nixl's `_api` module: through the `nixl` shim, else straight from an installed backend wheel."""
     nixl_patch.register()
     try:
-        from nixl._api import nixl_agent, nixl_agent_config
+        return importlib.import_module("nixl._api")
+    except ModuleNotFoundError as exc:
+        # NOTE: the `nixl` wheel is only a shim choosing a backend wheel by CUDA version; a box given just
+        # the backend wheel (the GPU run carries nixl-cu13 alone) has no `nixl`. Anything else is re-raised.
+        if exc.name not in ("nixl", "nixl._api"):
+            raise RuntimeError(_not_importable(exc)) from exc
+        first: ImportError = exc
     except ImportError as exc:
-        raise RuntimeError(
-            f"nixl is not importable ({exc}); install it with `pip install --no-deps nixl==1.5.1 "
-            "nixl-cu12==1.5.1` (see scripts/setup.sh)"
-        ) from exc
-    return nixl_agent, nixl_agent_config
+        raise RuntimeError(_not_importable(exc)) from exc
+    for backend in NIXL_BACKEND_MODULES:
+        try:
+            return importlib.import_module(f"{backend}._api")
+        except ModuleNotFoundError as exc:
+            if exc.name not in (backend, f"{backend}._api"):
+                raise RuntimeError(_not_importable(exc)) from exc
+    raise RuntimeError(_not_importable(first)) from first
+
+
+def _not_importable(exc: ImportError) -> str:
+    return (
+        f"nixl is not importable ({exc}); install it with `pip install --no-deps nixl==1.5.1 nixl-cu12==1.5.1` "
+        "(CPU or CUDA 12, see scripts/setup.sh), or just the wheel for the box's CUDA, e.g. "
+        "`pip install --no-deps nixl-cu13==1.5.1` (it needs numpy and torch)"
+    )
 
 
 class NixlRegion:
@@ -104,6 +136,7 @@ class NixlRegion:
         self._reg = self.agent.register_memory([(self.addr, nbytes, self.device_id, "")], memory)
         self._dlists: dict[tuple[str, int], Any] = {}
         self._remotes: dict[str, RegionInfo] = {}
+        self.last_prep_s = 0.0  # seconds the last read_blocks spent building its request (in its total)
 
     def info(self) -> RegionInfo:
         return RegionInfo(self.name, self.agent.get_agent_metadata(), self.addr, self.nbytes, self.device_id, self.memory)
@@ -173,6 +206,7 @@ class NixlRegion:
         # NOTE: the clock includes building the request, as a per-request KV pull pays it too.
         start = time.perf_counter()
         handle = self.agent.make_prepped_xfer("READ", local, local_idx, remote, remote_idx)
+        self.last_prep_s = time.perf_counter() - start
         try:
             state = self.agent.transfer(handle)
             deadline = start + timeout_s
@@ -183,9 +217,18 @@ class NixlRegion:
             elapsed = time.perf_counter() - start
             if state != "DONE":
                 raise RuntimeError(f"NIXL READ from {peer.agent_name!r} failed (state {state})")
-            return elapsed
-        finally:
-            self.agent.release_xfer_handle(handle)
+        except BaseException:
+            # NOTE: nixl refuses to release a transfer it cannot cancel; that error must not hide this one.
+            try:
+                self.agent.release_xfer_handle(handle)
+            except Exception:
+                logger.warning(
+                    "could not release the unfinished NIXL READ from %s: it may still write into %s",
+                    peer.agent_name, self.name, exc_info=True,
+                )
+            raise
+        self.agent.release_xfer_handle(handle)
+        return elapsed
 
     def _local_info(self) -> RegionInfo:
         return RegionInfo(self.name, b"", self.addr, self.nbytes, self.device_id, self.memory)
