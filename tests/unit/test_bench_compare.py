@@ -140,11 +140,13 @@ def test_quality_comparisons_pairs_every_source() -> None:
     out = {"colocated": [{"id": "a", "text": "x y", "token_ids": [1, 2]}],
            "disaggregated": [{"id": "a", "text": "x y", "token_ids": [1, 2]}],
            "offline": [{"id": "a", "text": "x z", "token_ids": [1, 3]}]}
-    comps = cmp.quality_comparisons(out)
+    comps = cmp.quality_comparisons(out, cmp.QUALITY_SOURCES)
     assert [(c["a"], c["b"]) for c in comps] == [("disaggregated", "colocated"), ("disaggregated", "offline"),
                                                   ("colocated", "offline")]
     assert [c["exact_match_rate"] for c in comps] == [1.0, 0.0, 0.0]
     assert comps[1]["prompts"][0]["first_divergence"] == 1
+    # NOTE: without an order, sources pair in the order given (any variant names work).
+    assert [(c["a"], c["b"]) for c in cmp.quality_comparisons(out)][0] == ("colocated", "disaggregated")
 
 
 def test_machine_parsers() -> None:
@@ -193,7 +195,7 @@ def test_findings_name_the_colocated_miss_and_capacity() -> None:
 
 def test_json_safe_and_deploy_config() -> None:
     assert json.loads(json.dumps(cmp.json_safe({1.0: [math.inf, 1.0]}))) == {"1.0": ["inf", 1.0]}
-    args = cmp._parser().parse_args(["--num-requests", "4"])
+    args = cmp.build_parser().parse_args(["--num-requests", "4"])
     colo = cmp.deploy_config(args, "colocated", 8123)
     dis = cmp.deploy_config(args, "disaggregated", 8123)
     assert colo["pools"] == {"colocated": 2} and dis["pools"] == {"prefill": 1, "decode": 1}
@@ -204,7 +206,7 @@ def test_json_safe_and_deploy_config() -> None:
 
 
 def test_check_args_requires_a_bound_and_valid_modes() -> None:
-    p = cmp._parser()
+    p = cmp.build_parser()
     with pytest.raises(ValueError, match="--num-requests"):
         cmp.check_args(p.parse_args([]))
     with pytest.raises(ValueError, match="--modes"):
@@ -325,3 +327,124 @@ def test_foreign_load_flags_steps_with_other_peoples_cpu() -> None:
     assert fl["steps"] == {"colocated 0.5": 0.7, "disaggregated 1": 0.3}
     rows = cmp.side_by_side([summary(0.5, 0.5, 1.0)], [summary(0.5, 0.5, 1.0)])
     assert "| 0.5 (!) |" in cmp.goodput_table(rows, fl["rates"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# The generic pieces a later comparison reuses: variants, traffic, planner over any variant, runner
+# ---------------------------------------------------------------------------------------------------
+
+def test_variant_merges_nested_overrides_without_touching_the_base() -> None:
+    base = {"engine": {"model": "smollm2", "kv_cache_mib": 256}, "router": {"policy": "least_loaded"}}
+    v = cmp.Variant("goodput", {"router": {"policy": "goodput"}, "pools": {"prefill": 2}})
+    assert v.config(base) == {"engine": {"model": "smollm2", "kv_cache_mib": 256},
+                              "router": {"policy": "goodput"}, "pools": {"prefill": 2}}
+    assert base["router"] == {"policy": "least_loaded"} and "pools" not in base
+    parsed = cmp.Variant.parse("x", ["router.policy=goodput", "engine.kv_cache_mib=128",
+                                     "engine.enable_prefix_caching=true", "name=cmp-x"])
+    assert parsed.overrides == {"router": {"policy": "goodput"}, "name": "cmp-x",
+                                "engine": {"kv_cache_mib": 128, "enable_prefix_caching": True}}
+    for bad in (["router.policy"], ["=1"], ["a=1", "a.b=2"]):
+        with pytest.raises(ValueError, match="override"):
+            cmp.parse_overrides(bad)
+
+
+def test_traffic_requests_are_what_run_benchmark_sends() -> None:
+    import inspect
+
+    from benchmarks.serve import run_benchmark_async
+    from benchmarks.workload import ChatWorkload, build_requests
+
+    t = cmp.Traffic(ChatWorkload(64, 0.5, 16, 0.5), num_requests=5, duration_s=None, seed=3, max_total_len=70)
+    assert t.requests(2.0) == build_requests(t.workload, 2.0, 5, None, 1.0, 3, 70)
+    assert t.requests(2.0) != cmp.Traffic(t.workload, 5, None, seed=4, max_total_len=70).requests(2.0)
+    assert set(t.bench_kwargs()) <= set(inspect.signature(run_benchmark_async).parameters)
+    steps = cmp.rate_steps(t, [0.5, 1.0])
+    assert [(s.key, s.rate) for s in steps] == [(0.5, 0.5), (1.0, 1.0)]
+    stats = cmp.request_stats(t.requests(1.0))
+    assert stats["requests"] == 5 and stats["mean_input"] + stats["mean_output"] <= 70
+
+
+def test_planner_predicts_any_variant_and_skips_planner_chosen_pools() -> None:
+    from benchmarks.compare.shapes import DEFAULT_PROFILE
+    from benchmarks.stats import SLO
+    from benchmarks.workload import LongDocWorkload
+
+    t = cmp.Traffic(LongDocWorkload(256, 8), num_requests=4, duration_s=None)
+    configs = {"colo3": {"mode": "colocated", "pools": {"colocated": 3}},
+               "p2d1": {"mode": "disaggregated", "pools": {"prefill": 2, "decode": 1}},
+               "auto": {"mode": "disaggregated", "pools": "auto", "planner": {}}}
+    steps = [cmp.Step("1/seed0", 1.0, t), cmp.Step("1/seed1", 1.0, cmp.Traffic(t.workload, 4, None, seed=1))]
+    pred, lens = cmp.predict_steps(DEFAULT_PROFILE, configs, steps, SLO(2.0, 0.1))
+    assert set(pred["colo3"]) == set(pred["p2d1"]) == {"1/seed0", "1/seed1"} and pred["auto"] == {}
+    assert lens["1/seed0"]["requests"] == 4 and pred["colo3"]["1/seed0"]["requests"] == 4
+    measured = {n: {k: dict(p, attainment=0.5) for k, p in pred[n].items()} for n in ("p2d1", "colo3")}
+    rows = cmp.planner_rows(pred, measured, names=["p2d1", "colo3"])
+    assert [(r["rate"], r["mode"]) for r in rows] == [("1/seed0", "p2d1"), ("1/seed0", "colo3"),
+                                                      ("1/seed1", "p2d1"), ("1/seed1", "colo3")]
+    assert "| 1/seed0 | p2d1 |" in cmp.planner_table(rows)
+
+
+def test_rekey_restores_rates_and_keeps_other_keys() -> None:
+    from benchmarks.compare.writer import rekey
+
+    assert rekey({"0.5": 1, "1/seed1": 2}) == {0.5: 1, "1/seed1": 2}
+
+
+def test_provenance_header_and_report_files(tmp_path) -> None:
+    prov = cmp.Provenance.start(["python", "-m", "x"], ["--a", "b c"])
+    report = {**prov.start_fields(), **prov.end_fields(), "value": math.inf}
+    assert report["command"] == "python -m x --a 'b c'" and set(report["git"]) >= {"commit", "dirty"}
+    lines = cmp.header_lines(report, "shared box")
+    assert lines[3] == report["command"] and lines[-2].endswith("; shared box")
+    assert lines[-1].startswith(f"- git commit: `{report['git']['commit']}`")
+    def plot(out_dir) -> list[str]:
+        (out_dir / "p.png").write_bytes(b"")
+        return ["p.png"]
+
+    paths = cmp.write_report_files(tmp_path / "r", report, lambda plots: "# r\n" + " ".join(plots), plot)
+    assert [p.name for p in paths] == ["report.md", "report.json", "p.png"]
+    assert json.loads((tmp_path / "r" / "report.json").read_text())["value"] == "inf"
+    assert (tmp_path / "r" / "report.md").read_text() == "# r\np.png"
+
+
+class _FakeDeployment(cmp.Deployment):
+    def __init__(self) -> None:
+        super().__init__({"pools": {"colocated": 1}})
+        self.stopped = 0
+
+    def start(self, ready_timeout_s: float) -> cmp.Deployed:
+        return cmp.Deployed("http://127.0.0.1:9", "m", 1.0, [], {})
+
+    def stop(self) -> int:
+        self.stopped += 1
+        return 0
+
+
+def test_run_variant_always_tears_down_and_run_in_turn_keeps_what_finished(monkeypatch) -> None:
+    from benchmarks.compare import runner
+    from benchmarks.stats import SLO
+
+    def boom(*_a: object, **_k: object) -> None:
+        raise RuntimeError("endpoint went away")
+
+    monkeypatch.setattr(runner, "replay_steps", boom)
+    opts = cmp.RunOptions(slo=SLO(1.0, 0.1), quality=False, probe_requests=0, reset_affinity=False,
+                          say=lambda _line: None)
+    deps: dict[str, _FakeDeployment] = {}
+
+    def run_one(v: cmp.Variant) -> dict:
+        if v.name == "b":
+            raise KeyboardInterrupt  # NOTE: SIGTERM arrives as KeyboardInterrupt inside embedded_ray
+        deps[v.name] = _FakeDeployment()
+        if v.name == "c":
+            return runner.run_variant(v.name, deps[v.name], [cmp.Step(1.0, 1.0, None)], opts, cmp.QuietBudget(0, 0))
+        return {"steps": []}
+
+    parts, failure = cmp.run_in_turn([cmp.Variant("a", {}), cmp.Variant("b", {}), cmp.Variant("c", {})], run_one)
+    assert list(parts) == ["a"] and failure == "KeyboardInterrupt: "
+    parts, failure = cmp.run_in_turn([cmp.Variant("c", {})], run_one)
+    assert parts == {} and failure == "RuntimeError: endpoint went away" and deps["c"].stopped == 1
+    with pytest.raises(ValueError, match="unique"):
+        cmp.run_in_turn([cmp.Variant("a", {}), cmp.Variant("a", {})], run_one)
+    with pytest.raises(ValueError, match="no steps"):
+        runner.run_variant("d", _FakeDeployment(), [], opts, cmp.QuietBudget(0, 0))

@@ -1,0 +1,33 @@
+"""Waiting for a shared machine to go quiet before a measured step, from a budget shared by the run."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks.compare.procstat import foreign_now
+
+FOREIGN_LIMIT = 0.25
+"""Default cores of other processes' CPU during a step above which the step counts as disturbed."""
+
+
+@dataclass
+class QuietBudget:
+    """What the whole run may still spend on a shared box: seconds of waiting before steps, and
+    repeats of disturbed steps. Mutable: every variant and step draws from the same budget."""
+
+    wait_left: float
+    retries_left: int
+
+
+def wait_quiet(budget: QuietBudget, limit: float, window_s: float = 3.0) -> dict[str, Any]:
+    """Wait (from ``budget.wait_left``) until other processes use at most ``limit`` cores; returns how
+    long it waited and the last reading. Bounded by the budget."""
+    t0 = time.monotonic()
+    reading = foreign_now(window_s)
+    while reading > limit and budget.wait_left > 0:
+        budget.wait_left -= window_s
+        reading = foreign_now(window_s)
+    waited = time.monotonic() - t0 - window_s
+    return {"waited_s": round(max(0.0, waited), 1), "foreign_cores_at_start": round(reading, 3)}

@@ -1,0 +1,132 @@
+"""What our server says about itself while a step runs: ``/v1/stats`` sampled every second (batch,
+queue, KV use per worker; KV transfer telemetry) and ``/metrics`` histogram means over the step."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from benchmarks.stats import LatencySummary
+
+logger = logging.getLogger(__name__)
+
+SERVER_HISTOGRAMS = {"saaf_ttft_seconds": "ttft", "saaf_prefill_seconds": "prefill",
+                     "saaf_kv_transfer_seconds": "kv_transfer", "saaf_queue_wait_seconds": "queue_wait"}
+
+
+class StatsSampler:
+    """Polls ``GET /v1/stats`` every ``interval_s`` in a thread (bounded: each call times out)."""
+
+    def __init__(self, endpoint: str, interval_s: float = 1.0) -> None:
+        self.url = endpoint.rstrip("/") + "/v1/stats"
+        self.interval_s = interval_s
+        self.samples: list[dict[str, Any]] = []
+        self.last: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="stats-sampler", daemon=True)
+
+    def _loop(self) -> None:
+        with httpx.Client(timeout=3.0, trust_env=False) as client:
+            while not self._stop.is_set():
+                try:
+                    body = client.get(self.url).json()
+                    self.samples.append({"t": time.monotonic(), "workers": body.get("workers", [])})
+                    self.last = body
+                except (httpx.HTTPError, ValueError) as exc:
+                    logger.debug("stats sample failed: %s", exc)
+                self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> StatsSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def transfers(self) -> list[dict[str, Any]]:
+        try:
+            return httpx.get(self.url, timeout=5.0, trust_env=False).json().get("transfers", [])
+        except (httpx.HTTPError, ValueError):
+            return []
+
+
+def worker_load(samples: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per worker from ``/v1/stats`` samples: mean/max running batch over samples where it was busy,
+    busy fraction of samples, mean waiting, median recent step time, mean/max KV use."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for s in samples:
+        for w in s.get("workers", []):
+            by.setdefault(w["worker_id"], []).append(w)
+    out = {}
+    for wid, ws in sorted(by.items()):
+        busy = [w for w in ws if w.get("running", 0) > 0]
+        steps = sorted(t for w in busy for t in w.get("recent_step_times_s", []) or [])
+        out[wid] = {
+            "role": ws[0].get("role"), "samples": len(ws), "busy_fraction": len(busy) / len(ws),
+            "mean_running_when_busy": (sum(w["running"] for w in busy) / len(busy)) if busy else 0.0,
+            "max_running": max((w.get("running", 0) for w in ws), default=0),
+            "mean_waiting": sum(w.get("waiting", 0) for w in ws) / len(ws),
+            "median_step_s": steps[len(steps) // 2] if steps else None,
+            "mean_kv_usage": sum(w.get("kv_usage", 0.0) for w in ws) / len(ws),
+            "max_kv_usage": max((w.get("kv_usage", 0.0) for w in ws), default=0.0),
+        }
+    return out
+
+
+def compact_samples(samples: Sequence[dict[str, Any]], t0: float) -> list[dict[str, Any]]:
+    """The raw samples, small: seconds since ``t0`` and [worker, running, waiting, KV use] per worker."""
+    return [{"t": round(x["t"] - t0, 2),
+             "w": [[w["worker_id"], w.get("running"), w.get("waiting"), round(w.get("kv_usage", 0.0), 3)]
+                   for w in x["workers"]]} for x in samples]
+
+
+def transfer_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Count, outcomes, wait and hand-off percentiles (nearest rank) of KV transfer telemetry."""
+    if not records:
+        return {"count": 0}
+    waits = LatencySummary.of([r["transfer_wait_s"] for r in records])
+    outcomes: dict[str, int] = {}
+    for r in records:
+        outcomes[r.get("outcome", "?")] = outcomes.get(r.get("outcome", "?"), 0) + 1
+    return {"count": len(records), "outcomes": outcomes, "transfer_wait_p50_s": waits.p50,
+            "transfer_wait_p90_s": waits.p90,
+            "handoff_p50_s": LatencySummary.of([r["handoff_latency_s"] for r in records]).p50,
+            "kv_bytes_mean": sum(r["kv_bytes"] for r in records) / len(records),
+            "decode_computed_prompt_tokens_max": max(r.get("decode_computed_prompt_tokens", 0) for r in records)}
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """``{name_sum: v, name_count: v}`` of the unlabelled histograms in ``SERVER_HISTOGRAMS``."""
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        base = name.rsplit("_", 1)[0]
+        if base in SERVER_HISTOGRAMS and name.endswith(("_sum", "_count")):
+            try:
+                out[name] = float(value)
+            except ValueError:
+                continue
+    return out
+
+
+def metric_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    """Server-side mean of each histogram over the interval between two scrapes."""
+    out: dict[str, float | None] = {}
+    for base, short in SERVER_HISTOGRAMS.items():
+        n = after.get(f"{base}_count", 0.0) - before.get(f"{base}_count", 0.0)
+        total = after.get(f"{base}_sum", 0.0) - before.get(f"{base}_sum", 0.0)
+        out[short] = total / n if n > 0 else None
+    return out
+
+
+def scrape_metrics(endpoint: str) -> dict[str, float]:
+    try:
+        return parse_metrics(httpx.get(endpoint.rstrip("/") + "/metrics", timeout=5.0, trust_env=False).text)
+    except httpx.HTTPError:
+        return {}
