@@ -77,7 +77,7 @@ class DeployProcess:
 
     def start(self, timeout_s: float = 600) -> float:
         """Start it and wait until it prints its endpoint. Returns seconds until ready."""
-        from cluster.runtime import LOOPBACK_ENV
+        from cluster.control.runtime import LOOPBACK_ENV
 
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # NOTE: always its own Ray
         env.update(LOOPBACK_ENV, PYTHONUNBUFFERED="1")

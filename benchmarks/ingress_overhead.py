@@ -31,10 +31,10 @@ def main() -> int:
         ap.error(f"--n {a.n}: give 1..1000")
     import ray
 
-    from cluster import deploy
-    from cluster.cli import shutdown_embedded
     from cluster.config import parse_config
-    from cluster.runtime import connect
+    from cluster.control import deploy
+    from cluster.control.cli import shutdown_embedded
+    from cluster.control.runtime import connect
     from kvtransfer.config import free_port
 
     proxy = free_port()
@@ -47,7 +47,9 @@ def main() -> int:
         _, members = ray.get(ctl.members.remote(), timeout=30)
         prefill = next(h for _, role, h, _ in members if role == "prefill")
         prompt = [100 + (i * 31) % 5000 for i in range(a.prompt_tokens)]
-        params = {"max_tokens": 1, "temperature": 0.0}
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0)
         urls = {"endpoint (direct ingress)": info["endpoint"], "Serve proxy": f"http://127.0.0.1:{proxy}"}
         http: dict[str, list[float]] = {k: [] for k in urls}
         direct: list[float] = []

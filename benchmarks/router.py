@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from cluster.config import RouterConfig, SLOConfig
 from cluster.router import RouteRequest, latency_from_config, make_policy
-from cluster.router_sim import Pools, bursty_trace, compare_policies, format_sweep, format_table, sweep_rates
+from cluster.router.sim import Pools, bursty_trace, compare_policies, format_sweep, format_table, sweep_rates
 from engine.stats import WorkerStats
 from placement.latency import LatencyModel
 

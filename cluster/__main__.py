@@ -1,3 +1,3 @@
-from cluster.cli import main
+from cluster.control.cli import main
 
 raise SystemExit(main())

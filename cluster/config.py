@@ -32,7 +32,7 @@ class PoolSizes(BaseModel):
     @model_validator(mode="after")
     def _packing(self) -> PoolSizes:
         if self.node_packing is not None:
-            from cluster.placer import PlacementError, check_packing
+            from cluster.control.placer import PlacementError, check_packing
 
             try:
                 check_packing(self.node_packing, self.prefill, self.decode)
@@ -98,7 +98,12 @@ class ServeConfig(BaseModel):
     recovery_timeout_s: float = Field(
         90, gt=0, description="Max seconds a request waits for a pool with no healthy worker (restarts)"
     )
-    default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request omits it")
+    max_inflight: int = Field(
+        1024, ge=1, le=1_000_000, description="Requests in flight per ingress replica; beyond it 429 at once")
+    vllm_args: list[str] = Field(
+        default_factory=list, description="Extra `vllm serve` arguments for the OpenAI frontend (vLLM's serving "
+                                          "layer in the ingress), e.g. [--enable-auto-tool-choice, "
+                                          "--tool-call-parser, hermes]; validated by vLLM's own parser")
     drain_timeout_s: float = Field(
         30, ge=0, le=3600, description="On shutdown (SIGTERM, `shutdown`): seconds in-flight requests get to "
                                        "finish while new ones get 503; then the rest end with an error")

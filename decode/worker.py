@@ -7,10 +7,9 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict
 from typing import Any
 
-from engine.host import EngineError, EngineHost, delta, sampling_params
+from engine.host import EngineError, EngineHost, delta_params
 from kvtransfer.handoff import KVHandoff, TransferTelemetry
 
 logger = logging.getLogger(__name__)
@@ -24,16 +23,17 @@ class DecodeWorker(EngineHost):
         self.counters = {"transfers": 0, "kv_bytes": 0, "recomputes": 0, "failures": 0, "timeouts": 0}
 
     async def decode_stream(
-        self, request_id: str, prompt_token_ids: list[int], params: dict[str, Any], handoff: dict[str, Any]
-    ) -> AsyncIterator[dict[str, Any]]:
-        """Yield deltas; the first item carries ``telemetry`` (a TransferTelemetry dict)."""
-        h = KVHandoff(**handoff)
+        self, request_id: str, prompt_token_ids: list[int], params: Any, h: KVHandoff
+    ) -> AsyncIterator[TransferTelemetry | Any]:
+        """The first item is this request's TransferTelemetry, then DELTA RequestOutputs for vLLM
+        ``SamplingParams`` ``params`` (n=1; prompt logprobs come from the prefill leg)."""
         submitted = time.monotonic()
         handoff_latency = max(0.0, time.time() - h.created_at) if h.created_at else 0.0
         policy = self.transfer_cfg.failure_policy
         timeout = self.transfer_cfg.transfer_timeout_s
-        gen = self._generate(request_id, prompt_token_ids,
-                             sampling_params(params, kv_transfer_params=h.decode_params()))
+        extra = dict(params.extra_args or {}, kv_transfer_params=h.decode_params())
+        gen = self._generate(request_id, prompt_token_ids, delta_params(params, prompt_logprobs=None,
+                                                                         extra_args=extra))
         outcome = "ok"
         try:
             first = await asyncio.wait_for(anext(gen), timeout=timeout)
@@ -47,14 +47,13 @@ class DecodeWorker(EngineHost):
                 ) from None
             logger.warning("KV transfer for %s timed out; recomputing the prompt on decode", request_id)
             outcome = "recomputed"
-            gen = self._generate(f"{request_id}-rc", prompt_token_ids, sampling_params(params))
+            gen = self._generate(f"{request_id}-rc", prompt_token_ids, delta_params(params, prompt_logprobs=None))
             first = await anext(gen)
         except StopAsyncIteration:
             raise EngineError(f"decode of {request_id} ended without output") from None
-        d = delta(first)
-        loaded = d["num_cached_tokens"] or 0
+        loaded = first.num_cached_tokens or 0
         computed = max(0, len(prompt_token_ids) - loaded)
-        if d["finish_reason"] == "error":
+        if first.outputs[0].finish_reason == "error":
             self.counters["failures"] += 1
             outcome = "failed"
         elif outcome == "ok" and computed > 1:
@@ -84,10 +83,15 @@ class DecodeWorker(EngineHost):
         if outcome == "failed":
             await gen.aclose()
             raise EngineError(f"KV transfer for {request_id} from {h.prefill_worker} failed (policy: fail)")
-        d["telemetry"] = asdict(tel)
-        yield d
+        yield tel
+        yield first
         async for out in gen:
-            yield delta(out)
+            yield out
+
+    async def release(self, h: KVHandoff) -> None:
+        """Free a handoff's KV blocks on its prefill engine when no decode will pull them (the client left,
+        or the request was re-routed): vLLM's connector tells the prefill engine it may free them."""
+        await self.engine.notify_kv_transfer_request_rejected(f"{h.request_id}-release", h.decode_params())
 
     def transfer_counters(self) -> dict[str, Any]:
         return dict(self.counters, **self.totals.snapshot())

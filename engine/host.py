@@ -21,25 +21,15 @@ class EngineError(Exception):
     """An engine-side failure the caller should report to the client (message is client-safe)."""
 
 
-def sampling_params(params: dict[str, Any], *, kv_transfer_params: dict | None = None):
-    from vllm import SamplingParams
+def delta_params(params: Any, **changes: Any) -> Any:
+    """A copy of vLLM ``SamplingParams`` that streams DELTA outputs, with ``changes`` applied."""
     from vllm.sampling_params import RequestOutputKind
 
-    extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params is not None else None
-    return SamplingParams(
-        max_tokens=params.get("max_tokens", 16),
-        temperature=params.get("temperature", 1.0),
-        top_p=params.get("top_p", 1.0),
-        top_k=params.get("top_k", 0) or 0,
-        min_tokens=params.get("min_tokens", 0),
-        presence_penalty=params.get("presence_penalty", 0.0),
-        frequency_penalty=params.get("frequency_penalty", 0.0),
-        stop=params.get("stop") or None,
-        seed=params.get("seed"),
-        ignore_eos=params.get("ignore_eos", False),
-        output_kind=RequestOutputKind.DELTA,
-        extra_args=extra,
-    )
+    p = params.clone()
+    p.output_kind = RequestOutputKind.DELTA
+    for k, v in changes.items():
+        setattr(p, k, v)
+    return p
 
 
 class EngineHost:
@@ -63,6 +53,8 @@ class EngineHost:
         self._running_ctx: dict[str, int] = {}  # request id -> context tokens, while decoding
         self._started = time.monotonic()
         import ray
+
+        self.node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
 
         node_ip = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
         env = self.cfg.process_env(node_ip)
@@ -121,13 +113,11 @@ class EngineHost:
         return 2 * layers * kv_heads * mc.get_head_size() * vc.cache_config.block_size * elem
 
     async def info(self) -> dict[str, Any]:
-        import ray
-
         return {
             "worker_id": self.worker_id,
             "role": self.role,
             "engine_id": self.engine_id,
-            "node_id": ray.get_runtime_context().get_node_id(),
+            "node_id": self.node_id,
             "pid": os.getpid(),
             "side_channel_port": self.side_channel_port,
             "model": self.model_name,
@@ -143,7 +133,7 @@ class EngineHost:
         return WorkerStats(
             worker_id=self.worker_id,
             role=self.role,
-            node_id="",
+            node_id=self.node_id,
             waiting=max(t.waiting, len(self._pending)),
             running=max(t.running, len(self._running_ctx)),
             queued_prompt_tokens=sum(self._pending.values()),
@@ -165,10 +155,8 @@ class EngineHost:
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)
 
-    async def _generate(
-        self, request_id: str, prompt_token_ids: list[int], params: Any
-    ) -> AsyncIterator[Any]:
-        """Yield vLLM DELTA RequestOutputs; abort the engine request if the consumer goes away."""
+    async def _generate(self, request_id: str, prompt_token_ids: list[int], params: Any) -> AsyncIterator[Any]:
+        """Yield vLLM RequestOutputs (as ``params`` asks); abort the engine request if the consumer goes away."""
         from vllm.inputs import TokensPrompt
 
         n = len(prompt_token_ids)
@@ -180,9 +168,7 @@ class EngineHost:
                 if request_id in self._pending:
                     del self._pending[request_id]
                     self._running_ctx[request_id] = n
-                self._running_ctx[request_id] = self._running_ctx.get(request_id, n) + len(
-                    out.outputs[0].token_ids
-                )
+                self._running_ctx[request_id] += sum(len(c.token_ids) for c in out.outputs)
                 finished = out.finished
                 yield out
         finally:
@@ -191,25 +177,12 @@ class EngineHost:
             if not finished:
                 await self.engine.abort(request_id)
 
-    async def generate_stream(
-        self, request_id: str, prompt_token_ids: list[int], params: dict[str, Any]
-    ) -> AsyncIterator[dict[str, Any]]:
-        """A whole request on this engine (colocated mode, 1-token requests, recompute fallbacks)."""
-        async for out in self._generate(request_id, prompt_token_ids, sampling_params(params)):
-            yield delta(out)
+    async def generate_stream(self, request_id: str, prompt_token_ids: list[int],
+                              params: Any) -> AsyncIterator[Any]:
+        """A whole request on this engine (colocated mode, 1-token requests, recompute fallbacks): DELTA
+        RequestOutputs for vLLM ``SamplingParams`` ``params``."""
+        async for out in self._generate(request_id, prompt_token_ids, delta_params(params)):
+            yield out
 
     async def shutdown(self) -> None:
         self.engine.shutdown()
-
-
-def delta(out: Any) -> dict[str, Any]:
-    """A plain, serialisable view of one DELTA RequestOutput."""
-    c = out.outputs[0]
-    return {
-        "token_ids": list(c.token_ids),
-        "text": c.text,
-        "finish_reason": c.finish_reason,
-        "stop_reason": c.stop_reason if isinstance(c.stop_reason, str | int | None) else str(c.stop_reason),
-        "finished": out.finished,
-        "num_cached_tokens": out.num_cached_tokens,
-    }

@@ -24,6 +24,8 @@ class KVHandoff:
     created_at: float = 0.0  # wall clock on the prefill worker when the handoff was made
     backend: str = "UCX"
     memory: str = "DRAM"
+    node_id: str = ""  # Ray node of the prefill engine
+    cached_tokens: int = 0  # prompt tokens the prefill engine found in its prefix cache
 
     @property
     def num_blocks(self) -> int:

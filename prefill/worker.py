@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
-from engine.host import EngineError, EngineHost, delta, sampling_params
+from engine.host import EngineError, EngineHost, delta_params
 from kvtransfer.config import backend_list
 from kvtransfer.handoff import KVHandoff
 
@@ -21,24 +21,33 @@ _REMOTE_DECODE = {
 }
 
 
+class PrefillResult(NamedTuple):
+    output: Any  # vLLM RequestOutput of the first token (prompt logprobs when asked)
+    handoff: KVHandoff
+
+
 class PrefillWorker(EngineHost):
     role = "prefill"
 
-    async def prefill(self, request_id: str, prompt_token_ids: list[int], params: dict[str, Any]) -> dict:
-        """Return ``{"first": delta, "handoff": KVHandoff dict}``. The prompt's KV stays pinned here until
-        the decode worker pulls it or the lease (TransferConfig.kv_lease_s) runs out."""
+    async def prefill(self, request_id: str, prompt_token_ids: list[int], params: Any) -> PrefillResult:
+        """Run the prompt to one token with vLLM ``SamplingParams`` ``params`` (n=1). The prompt's KV stays
+        pinned here until the decode worker pulls it, it is released, or the lease
+        (TransferConfig.kv_lease_s) runs out."""
         t0 = time.monotonic()
-        p = dict(params, max_tokens=1, min_tokens=0)
+        extra = dict(params.extra_args or {}, kv_transfer_params=dict(_REMOTE_DECODE))
+        # NOTE: the decode engine samples the output, structured output included; only prompt logprobs
+        # (computed here, where the prompt runs) are wanted from this leg.
+        p = delta_params(params, max_tokens=1, min_tokens=0, n=1, structured_outputs=None, logprobs=None,
+                         extra_args=extra)
         last = None
-        async for out in self._generate(request_id, prompt_token_ids, sampling_params(
-                p, kv_transfer_params=dict(_REMOTE_DECODE))):
-            last = out
+        async for out in self._generate(request_id, prompt_token_ids, p):
+            last = out if last is None else _merged(last, out)
         if last is None or not last.finished:
             raise EngineError(f"prefill of {request_id} ended without output")
         kvp = last.kv_transfer_params
         if not kvp or not kvp.get("remote_block_ids"):
             raise EngineError(f"prefill of {request_id} returned no KV handoff (kv_transfer_params={kvp})")
-        first = delta(last)
+        first = last.outputs[0].token_ids
         handoff = KVHandoff(
             request_id=request_id,
             prefill_worker=self.worker_id,
@@ -47,10 +56,20 @@ class PrefillWorker(EngineHost):
             kv_transfer_params=dict(kvp),
             block_bytes=self.block_bytes,
             block_size=self.block_size,
-            first_token_id=first["token_ids"][0] if first["token_ids"] else None,
+            first_token_id=first[0] if first else None,
             prefill_s=time.monotonic() - t0,
             created_at=time.time(),
             backend=",".join(backend_list(self.transfer_cfg)),
             memory="DRAM" if self.device == "cpu" else "VRAM",
+            node_id=self.node_id,
+            cached_tokens=last.num_cached_tokens or 0,
         )
-        return {"first": first, "handoff": handoff.to_dict()}
+        last.kv_transfer_params = None
+        return PrefillResult(last, handoff)
+
+
+def _merged(a: Any, b: Any) -> Any:
+    a.add(b, aggregate=True)
+    if b.prompt_logprobs is not None:
+        a.prompt_logprobs = b.prompt_logprobs
+    return a

@@ -1,6 +1,6 @@
 """Deploying one variant and tearing it down with nothing left running, two ways:
 
-- ``InProcessDeployment``: ``cluster.deploy.start`` on the Ray this process started (``embedded_ray``),
+- ``InProcessDeployment``: ``cluster.control.deploy.start`` on the Ray this process started (``embedded_ray``),
   so several variants deploy in turn on one Ray, and each engine's PID comes from the worker itself;
 - ``SubprocessDeployment``: ``python -m cluster.deploy CONFIG`` as a user runs it (its own embedded Ray),
   engines found by their Ray process titles.
@@ -11,36 +11,24 @@ deployment's processes still ran after it (0; stragglers are ended by PID, never
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import signal
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any, NamedTuple
 
 import yaml
 
 from benchmarks.compare.procstat import cmdline
 from benchmarks.deployproc import tree
+from cluster.control import deploy
+from cluster.control.cli import shutdown_embedded
+from cluster.control.pools import WORKER_CLASSES
+from cluster.control.runtime import connect
 
 logger = logging.getLogger(__name__)
-
-
-def _control(name: str) -> ModuleType:
-    """``cluster.control.<name>``, or ``cluster.<name>`` in the older flat layout.
-
-    NOTE: cluster/ was being split into packages when this was written (deploy, cli, runtime and pools
-    moving to cluster/control/). This is the one place here that reaches the control plane; it accepts
-    either layout, and the fallback can go once the move has landed."""
-    try:
-        return importlib.import_module(f"cluster.control.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("cluster.control", f"cluster.control.{name}"):
-            raise
-        return importlib.import_module(f"cluster.{name}")
 
 
 WORKER_KEYS = ("worker_id", "role", "engine_id", "pid", "kv_capacity_tokens")
@@ -78,7 +66,7 @@ def _reap(pids: list[int], grace_s: float) -> int:
 
 
 class InProcessDeployment(Deployment):
-    """``cluster.deploy.start`` / ``stop`` on the Ray cluster this process is connected to."""
+    """``cluster.control.deploy.start`` / ``stop`` on the Ray cluster this process is connected to."""
 
     def __init__(self, config: dict[str, Any], stop_grace_s: float = 30.0) -> None:
         super().__init__(config)
@@ -89,7 +77,7 @@ class InProcessDeployment(Deployment):
         from cluster.config import parse_config
 
         cfg = parse_config(self.config, f"{self.config.get('name', 'variant')} config")
-        info = _control("deploy").start(cfg, ready_timeout_s=ready_timeout_s)
+        info = deploy.start(cfg, ready_timeout_s=ready_timeout_s)
         self._info = info
         workers = [{k: w.get(k) for k in WORKER_KEYS} for w in info["workers"]]
         engines = {w["pid"]: w["worker_id"] for w in info["workers"] if w.get("pid")}
@@ -100,7 +88,7 @@ class InProcessDeployment(Deployment):
             return 0
         info, self._info = self._info, None
         pids = [p for w in info["workers"] if w.get("pid") for p in tree(w["pid"])]
-        _control("deploy").stop(info["config"])
+        deploy.stop(info["config"])
         # NOTE: the workers' processes end after their actors are killed; wait for that (bounded) so the
         # next variant never shares the CPUs with a previous one's EngineCore.
         return _reap(pids, self.stop_grace_s)
@@ -126,7 +114,7 @@ class SubprocessDeployment(Deployment):
         self._proc = DeployProcess(str(path))
         try:
             startup_s = self._proc.start(ready_timeout_s)
-            endpoint = _control("deploy").endpoint_url(cfg)
+            endpoint = deploy.endpoint_url(cfg)
             model = first_model(endpoint, None)
         except BaseException:
             self.stop()
@@ -152,7 +140,7 @@ class SubprocessDeployment(Deployment):
 def find_engines(pids: list[int]) -> dict[int, str]:
     """Engine worker actors among ``pids``, by their Ray process title (``ray::PrefillWorker...``),
     named ``role@pid``: a deploy subprocess does not tell its workers' PIDs."""
-    titles = {f"ray::{cls}": role for role, (_, cls) in _control("pools").WORKER_CLASSES.items()}
+    titles = {f"ray::{cls.__name__}": role for role, cls in WORKER_CLASSES.items()}
     out = {}
     for p in pids:
         cmd = cmdline(p) or ""
@@ -170,10 +158,10 @@ def embedded_ray(namespace: str) -> Iterator[None]:
     def _term(*_: object) -> None:
         raise KeyboardInterrupt
 
-    _control("runtime").connect(None, num_cpus=None, object_store_mib=256, namespace=namespace)
+    connect(None, num_cpus=None, object_store_mib=256, namespace=namespace)
     old = signal.signal(signal.SIGTERM, _term)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
-        _control("cli").shutdown_embedded()
+        shutdown_embedded()

@@ -18,10 +18,10 @@ pytestmark = pytest.mark.gpu
 def gpu_deployment():
     import ray
 
-    from cluster import deploy
-    from cluster.cli import shutdown_embedded
     from cluster.config import parse_config
-    from cluster.runtime import connect
+    from cluster.control import deploy
+    from cluster.control.cli import shutdown_embedded
+    from cluster.control.runtime import connect
 
     connect(None, num_cpus=8, object_store_mib=512, namespace="saaf-gpu-test")
     cfg = parse_config({
@@ -41,12 +41,13 @@ def gpu_deployment():
 def test_gpu_disaggregated_equals_colocated_and_kv_moves_over_vram(gpu_deployment):
     info, ray = gpu_deployment
     from engine.colocated import ColocatedWorker
+    from tests.helpers.engines import generate, params, token_ids
 
     ecfg = info["config"].engine.model_dump()
     colo = ray.remote(ColocatedWorker).options(num_gpus=0.3).remote("colo-gpu", ecfg, None)
     ray.get(colo.info.remote(), timeout=600)
     rng = random.Random(3)
-    params = {"max_tokens": 32, "temperature": 0.0, "ignore_eos": True}
+    sp = params(32, ignore_eos=True)
     for n in (1, 15, 16, 17, 300, 1000):
         prompt = [rng.randrange(200, 40000) for _ in range(n)]
         r = httpx.post(f"{info['endpoint']}/v1/completions", timeout=300, json={
@@ -54,8 +55,7 @@ def test_gpu_disaggregated_equals_colocated_and_kv_moves_over_vram(gpu_deploymen
             "ignore_eos": True, "return_token_ids": True})
         assert r.status_code == 200, r.text
         got = r.json()["choices"][0]["token_ids"]
-        want = [t for ref in colo.generate_stream.options(num_returns="streaming").remote(f"c{n}", prompt, params)
-                for t in ray.get(ref, timeout=300)["token_ids"]]
+        want = token_ids(generate(colo, f"c{n}", prompt, sp, timeout=300))
         assert got == want, n
     tel = httpx.get(f"{info['endpoint']}/v1/stats", timeout=10).json()["transfers"]
     assert tel and all(t["memory"] == "VRAM" and t["outcome"] == "ok" for t in tel)

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from kvtransfer.config import free_port
+from tests.helpers.parity_table import TOOL_ARGS
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -17,11 +18,11 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 def ray_session():
     import ray
 
-    from cluster.runtime import connect
+    from cluster.control.runtime import connect
 
     connect(None, num_cpus=16, object_store_mib=256, namespace="saaf-test")
     yield ray
-    from cluster.cli import shutdown_embedded
+    from cluster.control.cli import shutdown_embedded
 
     shutdown_embedded()
 
@@ -29,8 +30,8 @@ def ray_session():
 @pytest.fixture(scope="session")
 def deployment(ray_session):
     """A real disaggregated deployment: 1 prefill + 1 decode SmolLM2 engine behind the Serve endpoint."""
-    from cluster import deploy
     from cluster.config import parse_config
+    from cluster.control import deploy
 
     cfg = parse_config({
         "name": "itest",
@@ -38,7 +39,8 @@ def deployment(ray_session):
         "engine": {"model": "smollm2", "kv_cache_mib": 128, "max_model_len": 1024},
         "pools": {"prefill": 1, "decode": 1},
         "transfer": {"transfer_timeout_s": 20, "kv_lease_s": 10},
-        "serve": {"port": free_port(), "request_timeout_s": 120, "token_timeout_s": 60},
+        "serve": {"port": free_port(), "request_timeout_s": 120, "token_timeout_s": 60,
+                  "vllm_args": TOOL_ARGS},
         "ray": {"namespace": "saaf-test"},
         "health": {"interval_s": 1, "timeout_s": 5, "failures": 2},
         "worker_cpus": 1,
@@ -48,14 +50,23 @@ def deployment(ray_session):
     deploy.stop(info["config"])
 
 
-@pytest.fixture(scope="session")
-def endpoint(deployment) -> str:
-    return deployment["endpoint"]
+# NOTE: for development only: SAAF_TEST_ENDPOINT=http://127.0.0.1:PORT runs the HTTP-only tests against a
+# deployment that is already up (model SAAF_TEST_MODEL), instead of starting the session's own.
+DEV_ENDPOINT = os.environ.get("SAAF_TEST_ENDPOINT")
 
 
 @pytest.fixture(scope="session")
-def model_name(deployment) -> str:
-    return deployment["model"]
+def endpoint(request) -> str:
+    if DEV_ENDPOINT:
+        return DEV_ENDPOINT
+    return request.getfixturevalue("deployment")["endpoint"]
+
+
+@pytest.fixture(scope="session")
+def model_name(request) -> str:
+    if DEV_ENDPOINT:
+        return os.environ.get("SAAF_TEST_MODEL", "SmolLM2-135M-Instruct")
+    return request.getfixturevalue("deployment")["model"]
 
 
 @pytest.fixture(scope="session")
@@ -77,7 +88,7 @@ def workers(ray_session, deployment):
     """{worker_id: (role, handle)} of the deployment's pools."""
     import ray
 
-    from cluster.deploy import controller_name
+    from cluster.control.deploy import controller_name
 
     cfg = deployment["config"]
     ctl = ray.get_actor(controller_name(cfg), namespace=cfg.ray.namespace)

@@ -24,8 +24,8 @@ def admission_endpoint(deployment):
     """A second ingress on the same pools: goodput policy, admission 'reject', under /adm on its own port."""
     from ray import serve
 
-    from cluster.deploy import controller_name, endpoint_url, wait_until_healthy
-    from cluster.ingress import Ingress
+    from cluster.control.deploy import controller_name, endpoint_url, wait_until_healthy
+    from cluster.serve.app import Ingress
 
     base = deployment["config"]
     cfg = base.model_copy(update={
@@ -122,3 +122,22 @@ def _wait_idle(workers, timeout_s: float = 120) -> None:
             return
         time.sleep(0.5)
     raise AssertionError("workers did not go idle")
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_an_impossible_slo_header_is_a_429_before_any_stream(admission_endpoint, model_name, path, stream):
+    """vLLM's serving layer would start a 200 stream before generate() runs; our admission wrapper routes
+    first, so a refusal is an HTTP 429 with Retry-After and an OpenAI-style body, streamed or not."""
+    body = {"model": model_name, "max_tokens": 8, "stream": stream}
+    body |= {"prompt": "Hello"} if path.endswith("/completions") and "chat" not in path else {
+        "messages": [{"role": "user", "content": "Hello"}]}
+    t0 = time.monotonic()
+    r = httpx.post(f"{admission_endpoint}{path}", json=body, headers={"x-slo-ttft-ms": "1"}, timeout=60)
+    assert r.status_code == 429, r.text[:300]
+    assert r.headers.get("retry-after") and r.headers["content-type"].startswith("application/json")
+    err = r.json()["error"]
+    assert err["code"] == "slo_unattainable" and err["type"] == "rate_limit_exceeded" and "TTFT" in err["message"]
+    assert time.monotonic() - t0 < 5
+    ok = httpx.post(f"{admission_endpoint}{path}", json=body, timeout=120)  # the deployment's own SLO admits it
+    assert ok.status_code == 200, ok.text[:300]

@@ -9,10 +9,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +21,6 @@ from benchmarks.report import write_report
 from benchmarks.serve import run_benchmark
 from benchmarks.stats import SLO
 from benchmarks.workload import ChatWorkload
-from kvtransfer.config import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -32,47 +29,19 @@ HEALTH_TIMEOUT_S = 300.0
 MAX_MODEL_LEN = 512
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     from engine.models import resolve_model, served_name
+    from tests.helpers.vllm_server import ServerFailed
+    from tests.helpers.vllm_server import vllm_server as server
 
     model_dir, name = resolve_model("tiny-llama"), served_name("tiny-llama")
-    port = free_port()
-    env = os.environ | {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-                        "VLLM_HOST_IP": "127.0.0.1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-           "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-           "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory-bytes", str(64 * 2**20)]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + HEALTH_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2.0, trust_env=False).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM server not healthy in {HEALTH_TIMEOUT_S:.0f} s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(1.0)
-        yield url, name
-    finally:
-        _stop(proc)
+        with server(model_dir, name, log_path, max_model_len=MAX_MODEL_LEN, kv_cache_mib=64) as url:
+            yield url, name
+    except ServerFailed as e:
+        pytest.fail(str(e))
 
 
 def _counters(url: str) -> dict[str, float]:

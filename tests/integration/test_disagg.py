@@ -10,6 +10,8 @@ import httpx
 import pytest
 import ray
 
+from tests.helpers.engines import generate, params, token_ids
+
 pytestmark = pytest.mark.integration
 
 BLOCK = 128  # vLLM's CPU KV block size
@@ -31,9 +33,7 @@ def _complete(endpoint: str, model: str, prompt: list[int], max_tokens: int) -> 
 
 
 def _colocated(worker, prompt: list[int], max_tokens: int, rid: str) -> list[int]:
-    params = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
-    gen = worker.generate_stream.options(num_returns="streaming").remote(rid, prompt, params)
-    return [t for ref in gen for t in ray.get(ref, timeout=120)["token_ids"]]
+    return token_ids(generate(worker, rid, prompt, params(max_tokens, ignore_eos=True)))
 
 
 def _decode_handle(workers):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -41,6 +43,41 @@ def test_chat_streamed_answers_paris(client, model_name):
     assert usage is not None and usage.completion_tokens > 1
 
 
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],
+                         ids=["required", "named"])
+def test_openai_client_tool_calls(client, model_name, tool_choice):
+    """The openai client's own tool-call types parse our answer; the arguments obey the tool's schema
+    (vLLM constrains the whole output across the prefill/decode split)."""
+    r = client.chat.completions.create(model=model_name, temperature=0, max_tokens=60, tools=[WEATHER],
+                                       tool_choice=tool_choice,
+                                       messages=[{"role": "user", "content": "What is the weather in Oslo?"}])
+    calls = r.choices[0].message.tool_calls
+    assert calls and calls[0].function.name == "get_weather" and calls[0].type == "function"
+    args = json.loads(calls[0].function.arguments)
+    assert isinstance(args.get("city"), str) and args["city"]
+
+
+def test_openai_client_json_schema_response_format(client, model_name):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    for stream in (False, True):
+        kw = {"model": model_name, "temperature": 0, "max_tokens": 48,
+              "messages": [{"role": "user", "content": "Describe a person as JSON."}],
+              "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}}
+        if stream:
+            text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)
+                           if c.choices)
+        else:
+            text = client.chat.completions.create(**kw).choices[0].message.content
+        data = json.loads(text)
+        assert set(data) == {"name", "age"} and isinstance(data["age"], int), text
+
+
 def test_completion_usage_counts_prompt_tokens(client, model_name, endpoint):
     from transformers import AutoTokenizer
 
@@ -49,7 +86,7 @@ def test_completion_usage_counts_prompt_tokens(client, model_name, endpoint):
     tok = AutoTokenizer.from_pretrained(str(resolve_model("smollm2")))
     prompt = "The three primary colours are"
     r = client.completions.create(model=model_name, prompt=prompt, max_tokens=8, temperature=0)
-    assert r.usage.prompt_tokens == len(tok(prompt, add_special_tokens=False)["input_ids"])
+    assert r.usage.prompt_tokens == len(tok(prompt)["input_ids"])  # NOTE: special tokens as vLLM adds them
     assert r.usage.completion_tokens == 8 or r.choices[0].finish_reason == "stop"
 
 
@@ -96,16 +133,19 @@ def test_sampling_params_stop_and_seed(endpoint, model_name):
     assert full["text"].startswith(cut["text"])
 
 
+# vLLM's own serving layer answers these (its messages); each must be a clear 4xx, then serving goes on.
 BAD = [
-    ("malformed json", b'{"model": "x", "prompt": ', "malformed JSON", 400),
-    ("missing prompt", {"max_tokens": 4}, "missing required field 'prompt'", 400),
+    ("malformed json", b'{"model": "x", "prompt": ', "JSON decode error", 400),
+    ("missing prompt", {"max_tokens": 4}, "prompt", 400),
     ("wrong type", {"prompt": "hi", "max_tokens": "four"}, "max_tokens", 400),
-    ("max_tokens zero", {"prompt": "hi", "max_tokens": 0}, "max_tokens must be >= 1", 400),
-    ("max_tokens negative", {"prompt": "hi", "max_tokens": -5}, "max_tokens must be >= 1", 400),
-    ("unknown field", {"prompt": "hi", "max_tokens": 4, "bogus": 1}, "unknown field 'bogus'", 400),
-    ("too long", {"prompt": "word " * 3000, "max_tokens": 4}, "context", 400),
-    ("too long with output", {"prompt": "hi", "max_tokens": 5000}, "lower max_tokens", 400),
+    ("max_tokens zero", {"prompt": "hi", "max_tokens": 0}, "max_tokens must be at least 1", 400),
+    ("max_tokens negative", {"prompt": "hi", "max_tokens": -5}, "max_tokens must be at least 1", 400),
+    ("too long", {"prompt": "word " * 3000, "max_tokens": 4}, "maximum context length", 400),
+    ("too long with output", {"prompt": "hi", "max_tokens": 5000}, "cannot be greater than max_model_len", 400),
     ("bad temperature", {"prompt": "hi", "temperature": -1}, "temperature", 400),
+    ("too many logprobs", {"prompt": "hi", "max_tokens": 2, "logprobs": 50}, "logprobs", 400),
+    ("client kv_transfer_params", {"prompt": "hi", "max_tokens": 2, "kv_transfer_params": {"do_remote_prefill": True}},
+     "kv_transfer_params", 400),
     ("unknown model", {"model": "gpt-17", "prompt": "hi"}, "gpt-17", 404),
 ]
 

@@ -28,7 +28,7 @@ def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    from cluster.runtime import LOOPBACK_ENV
+    from cluster.control.runtime import LOOPBACK_ENV
     from engine.procs import descendants, reap
 
     port = free_port()

@@ -120,7 +120,7 @@ class Client:
 @pytest.fixture
 def deploy_cli(tmp_path):
     """The deploy CLI in a subprocess with its own embedded Ray; ended and reaped whatever happens."""
-    from cluster.runtime import LOOPBACK_ENV
+    from cluster.control.runtime import LOOPBACK_ENV
     from engine.procs import descendants, reap
 
     port = free_port()

@@ -3,6 +3,7 @@ stays pinned, and the pool recovers. Runs last (zz): it kills the deployment's p
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 
@@ -10,7 +11,10 @@ import httpx
 import pytest
 import ray
 
-from cluster.deploy import controller_name
+from cluster.control.deploy import controller_name
+from tests.helpers.engines import drain as _drain
+from tests.helpers.engines import generate, params, token_ids
+from tests.helpers.engines import text as out_text
 
 pytestmark = pytest.mark.integration
 
@@ -18,10 +22,6 @@ pytestmark = pytest.mark.integration
 def _prompt(seed: int, n: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(200, 40000) for _ in range(n)]
-
-
-def _drain(gen, timeout: float = 120) -> list[dict]:
-    return [ray.get(ref, timeout=timeout) for ref in gen]
 
 
 def _role(workers, role):
@@ -49,16 +49,15 @@ def test_fail_policy_errors_within_bound_and_prefill_frees_blocks(ray_session, d
         ray.get(d2.info.remote(), timeout=300)
         _, p = _role(workers, "prefill")
         prompt = _prompt(5, 300)
-        params = {"max_tokens": 8, "temperature": 0.0}
-        pre = ray.get(p.prefill.remote("fail-1", prompt, params), timeout=60)
+        sp = params(8)
+        pre = ray.get(p.prefill.remote("fail-1", prompt, sp), timeout=60)
         assert ray.get(p.stats.remote(), timeout=10).kv_usage > 0  # blocks pinned for the handoff
-        h = dict(pre["handoff"])
-        kvp = dict(h["kv_transfer_params"])
+        kvp = dict(pre.handoff.kv_transfer_params)
         kvp.update(remote_port=1, remote_engine_id="no-such-engine")  # an unreachable prefill engine
-        h["kv_transfer_params"] = kvp
+        h = dataclasses.replace(pre.handoff, kv_transfer_params=kvp)
         t0 = time.monotonic()
         with pytest.raises(ray.exceptions.RayTaskError, match="KV transfer"):
-            _drain(d2.decode_stream.options(num_returns="streaming").remote("fail-1", prompt, params, h))
+            _drain(d2.decode_stream.options(num_returns="streaming").remote("fail-1", prompt, sp, h))
         print(f"\nFAULT transfer from unreachable prefill (policy fail): error after {time.monotonic() - t0:.1f}s")
         assert time.monotonic() - t0 < 5 + 15
         # The decode never pulled, so the prefill engine must release the blocks when the lease ends.
@@ -76,22 +75,18 @@ def test_prefill_killed_after_handoff_recomputes_and_pool_recovers(deployment, w
     _, d = _role(workers, "decode")
     old = ray.get(p.info.remote(), timeout=30)
     prompt = _prompt(9, 260)
-    params = {"max_tokens": 12, "temperature": 0.0, "ignore_eos": True}
-    pre = ray.get(p.prefill.remote("kill-1", prompt, params), timeout=60)
+    sp = params(12, ignore_eos=True)
+    pre = ray.get(p.prefill.remote("kill-1", prompt, sp), timeout=60)
     ray.kill(p, no_restart=False)  # Ray restarts it (max_restarts=2)
     t0 = time.monotonic()
-    out = _drain(d.decode_stream.options(num_returns="streaming").remote("kill-1", prompt, params,
-                                                                          pre["handoff"]))
+    out = _drain(d.decode_stream.options(num_returns="streaming").remote("kill-1", prompt, sp, pre.handoff))
     elapsed = time.monotonic() - t0
     print(f"\nFAULT prefill killed after handoff: decode recomputed, answer in {elapsed:.1f}s")
-    tel = out[0]["telemetry"]
-    assert tel["outcome"] == "recomputed", tel
-    assert tel["decode_computed_prompt_tokens"] > 1
+    tel = out[0]
+    assert tel.outcome == "recomputed", tel
+    assert tel.decode_computed_prompt_tokens > 1
     assert elapsed < deployment["config"].transfer.transfer_timeout_s + 30
-    got = [t for o in out for t in o["token_ids"]]
-    want = [t for o in _drain(colocated_worker.generate_stream.options(num_returns="streaming").remote(
-        "kill-ref", prompt, params)) for t in o["token_ids"]]
-    assert got == want
+    assert token_ids(out) == token_ids(generate(colocated_worker, "kill-ref", prompt, sp))
     assert ray.get(d.transfer_counters.remote(), timeout=10)["recomputes"] >= 1
 
     # The pool recovers: a restarted engine with a new engine id and side-channel port, then a request.
@@ -135,9 +130,7 @@ def _stream_text(endpoint: str, model: str, prompt: list[int], max_tokens: int, 
 
 
 def _colocated_text(worker, prompt, max_tokens, rid):
-    params = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
-    return "".join(o["text"] for o in _drain(worker.generate_stream.options(num_returns="streaming").remote(
-        rid, prompt, params)))
+    return out_text(generate(worker, rid, prompt, params(max_tokens, ignore_eos=True)))
 
 
 def _settled(workers, n_expected: int) -> None:

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from cluster.config import ConfigError, load_config
-from cluster.deploy import check_resources, pool_sizes, resolve_device
+from cluster.control.deploy import check_resources, pool_sizes, resolve_device
 
 
 def _write(tmp_path, data) -> str:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from cluster import placer
 from cluster.config import ConfigError, DeployConfig, parse_config
-from cluster.deploy import resolve_backends
+from cluster.control import placer
+from cluster.control.deploy import resolve_backends
 from kvtransfer.config import backends_from_labels
 
 

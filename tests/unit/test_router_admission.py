@@ -1,4 +1,4 @@
-"""Admission in the ingress's RoutingState.route() with the goodput policy, on synthetic stats (no Ray
+"""Admission (cluster/router/admission.py) with the goodput policy, on synthetic stats (no Ray
 cluster): a request whose TTFT cannot be met is rejected, queued, or served per `router.admission`."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import time
 import pytest
 
 from cluster.config import DeployConfig, RouterConfig
-from cluster.metrics import Metrics
-from cluster.openai_api import APIError
-from cluster.router import RouteRequest
-from cluster.routing_state import RoutingState
+from cluster.errors import ServeError as APIError
+from cluster.router import RouteRequest, make_policy
+from cluster.router.admission import Admission
+from cluster.router.membership import Membership
 from engine.stats import WorkerStats
 
 HOPELESS = RouteRequest(prompt_tokens=500, max_tokens=32, ttft_slo_s=1.0, tpot_slo_s=0.2)
@@ -22,14 +22,22 @@ def prefill(queued: int) -> WorkerStats:
     return WorkerStats("p0", "prefill", "", queued // 250, 0, queued, 0, 0.0, 5760, (), True, time.time())
 
 
-def routing(admission: str, **router: float) -> RoutingState:
-    cfg = DeployConfig(router=RouterConfig(policy="goodput", admission=admission, **router))
-    rs = RoutingState(cfg, controller=None, metrics=Metrics())
-    rs.handles = {"p0": object(), "d0": object()}
-    rs.roles = {"p0": "prefill", "d0": "decode"}
-    rs.stats = {"p0": prefill(4000),
-                "d0": WorkerStats("d0", "decode", "", 0, 2, 0, 600, 0.1, 5760, (), True, time.time())}
-    return rs
+class Routing(Admission):
+    """Admission over a Membership whose stats the test sets by hand (`stats`)."""
+
+    def __init__(self, cfg: DeployConfig) -> None:
+        members = Membership(None, cfg.mode, 0.1, busy=lambda: False)
+        members.handles = {"p0": object(), "d0": object()}
+        members.roles = {"p0": "prefill", "d0": "decode"}
+        members.stats = {"p0": prefill(4000),
+                         "d0": WorkerStats("d0", "decode", "", 0, 2, 0, 600, 0.1, 5760, (), True, time.time())}
+        policy = make_policy("goodput", router_cfg=cfg.router, slo=cfg.slo)
+        super().__init__(policy, members, cfg.router, colocated=False, recovery_timeout_s=5.0)
+        self.stats = members.stats
+
+
+def routing(admission: str, **router: float) -> Routing:
+    return Routing(DeployConfig(router=RouterConfig(policy="goodput", admission=admission, **router)))
 
 
 def test_reject_answers_429_with_the_reason() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.goodput import GoodputPolicy
 from cluster.router import RouteRequest, latency_from_config
+from cluster.router.goodput import GoodputPolicy
 from engine.stats import WorkerStats
 from placement.latency import LatencyModel
 

@@ -7,8 +7,9 @@ import pytest
 from benchmarks.router import main as bench_main
 from benchmarks.router import time_decisions
 from cluster.config import ConfigError, RouterConfig, SLOConfig, parse_config
-from cluster.goodput import GoodputPolicy
-from cluster.router import DEFAULT_PROFILE, RouteRequest, latency_from_config, least_loaded, make_policy
+from cluster.router import DEFAULT_PROFILE, RouteRequest, latency_from_config, make_policy
+from cluster.router.baselines import least_loaded
+from cluster.router.goodput import GoodputPolicy
 from engine.stats import WorkerStats
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from cluster.config import SLOConfig
 from cluster.router import latency_from_config
-from cluster.router_sim import (
+from cluster.router.sim import (
     Pools,
     StatsDispatch,
     bursty_trace,

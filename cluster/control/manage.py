@@ -12,7 +12,7 @@ def _connect(args) -> Any:
 
     import ray
 
-    from cluster.runtime import LOOPBACK_ENV
+    from cluster.control.runtime import LOOPBACK_ENV
 
     for k, v in LOOPBACK_ENV.items():
         os.environ.setdefault(k, v)
@@ -64,7 +64,7 @@ def _status(ctl, args) -> int:
         rows.append({"worker_id": w["worker_id"], "role": w["role"], "state": w["state"], "healthy": healthy,
                      "node_id": info.get("node_id"), "pinned_node": w["pinned_node"],
                      "placement_group": w["placement_group"], "bundles": w["bundles"], "stats": stats})
-    from cluster.deploy import endpoint_url
+    from cluster.control.deploy import endpoint_url
 
     endpoint = endpoint_url(cfg) + "/v1"
     if args.json:
@@ -104,7 +104,7 @@ def _shutdown(ctl) -> int:
     import ray
 
     from cluster.config import DeployConfig
-    from cluster.deploy import drain_summary, stop
+    from cluster.control.deploy import drain_summary, stop
 
     cfg = DeployConfig.model_validate(ray.get(ctl.config.remote(), timeout=30))
     print(drain_summary(stop(cfg)))

@@ -47,7 +47,7 @@ def _sub_parser(cmd: str) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
-        from cluster.manage import run_subcommand
+        from cluster.control.manage import run_subcommand
 
         cmd = argv[0]
         return run_subcommand(cmd, _sub_parser(cmd).parse_args(argv[1:]))
@@ -69,7 +69,7 @@ def _plan_only(cfg) -> int:
         sizes = {k: v for k, v in cfg.pools.model_dump().items() if v is not None}
         print(f"mode={cfg.mode}; pools from the config (no planner run): {sizes}")
         return 0
-    from cluster.planning import plan_for
+    from cluster.control.planning import plan_for
 
     plan, text = plan_for(cfg)
     print(text)
@@ -78,8 +78,8 @@ def _plan_only(cfg) -> int:
 
 def _deploy(cfg, args) -> int:
 
-    from cluster import deploy
-    from cluster.runtime import connect
+    from cluster.control import deploy
+    from cluster.control.runtime import connect
 
     address = args.address or cfg.ray.address
     embedded = connect(address, num_cpus=cfg.ray.num_cpus, object_store_mib=cfg.ray.object_store_mib,
@@ -90,7 +90,7 @@ def _deploy(cfg, args) -> int:
         signal.signal(sig, lambda *_: stop_event.set())
     try:
         if cfg.pools == "auto":
-            from cluster.planning import apply_plan
+            from cluster.control.planning import apply_plan
 
             cfg = apply_plan(cfg)
         where = "an embedded local Ray" if embedded else f"the Ray cluster at {address or 'RAY_ADDRESS'}"

@@ -9,13 +9,9 @@ import itertools
 import logging
 import math
 from collections import deque
-from typing import TYPE_CHECKING
 
 from engine.stats import WorkerStats
 from placement.latency import LatencyModel, Terms
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger(__name__)
 _INF = math.inf

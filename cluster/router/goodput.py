@@ -28,19 +28,19 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from cluster.router import POLICIES, RouteDecision, RouteRequest, latency_from_config
+from cluster.router.goodput_state import _INF, WorkerState, _ewma
+from cluster.router.latency import latency_from_config
+from cluster.router.policy import Policy, RouteDecision, RouteRequest, register
 from engine.stats import WorkerStats
 from placement.latency import LatencyModel
 
 if TYPE_CHECKING:
     from cluster.config import RouterConfig, SLOConfig
 
-from cluster.goodput_state import _INF, WorkerState, _ewma
-
 logger = logging.getLogger(__name__)
 
 
-class GoodputPolicy:
+class GoodputPolicy(Policy):
     """`policy(req, prefill_stats, decode_stats) -> RouteDecision`; `observe(...)` after each request.
 
     The decision names the best pair also when `admit` is False, so best-effort admission can serve it
@@ -145,8 +145,8 @@ class GoodputPolicy:
                     by_node[s.node_id] = i
         return costs, best, held, aff_i, by_node
 
-    def __call__(self, req: RouteRequest, prefill: Sequence[WorkerStats], decode: Sequence[WorkerStats]
-                 ) -> RouteDecision:
+    def route(self, req: RouteRequest, prefill: Sequence[WorkerStats], decode: Sequence[WorkerStats]
+              ) -> RouteDecision:
         prompt, out, slo = req.prompt_tokens, req.max_tokens, req.ttft_slo_s
         if prompt < 0 or out < 1:
             raise ValueError(f"route request needs prompt_tokens >= 0 and max_tokens >= 1, got {prompt} "
@@ -285,4 +285,4 @@ class GoodputPolicy:
             st.dr = st.tpot_ratio * st.step_ratio
 
 
-POLICIES["goodput"] = GoodputPolicy.from_config
+register("goodput")(GoodputPolicy.from_config)

@@ -14,13 +14,13 @@ from typing import Any
 
 import ray
 
+from decode.worker import DecodeWorker
+from engine.colocated import ColocatedWorker
+from prefill.worker import PrefillWorker
+
 logger = logging.getLogger(__name__)
 
-WORKER_CLASSES = {
-    "prefill": ("prefill.worker", "PrefillWorker"),
-    "decode": ("decode.worker", "DecodeWorker"),
-    "colocated": ("engine.colocated", "ColocatedWorker"),
-}
+WORKER_CLASSES = {"prefill": PrefillWorker, "decode": DecodeWorker, "colocated": ColocatedWorker}
 
 
 def actor_state(handle: Any) -> str:
@@ -31,13 +31,6 @@ def actor_state(handle: Any) -> str:
         return str(actors(actor_id=handle._actor_id.hex()).get("State", "UNKNOWN"))
     except Exception:  # noqa: BLE001 - a private API; the stats timeout still detects hangs
         return "UNKNOWN"
-
-
-def worker_class(role: str):
-    import importlib
-
-    mod, name = WORKER_CLASSES[role]
-    return getattr(importlib.import_module(mod), name)
 
 
 class PoolController:
@@ -62,7 +55,7 @@ class PoolController:
         return ecfg.model_copy(update={"tensor_parallel_size": tp, "pipeline_parallel_size": pp})
 
     def shape_for(self, role: str, gpus_per_node: int | None = None):
-        from cluster.placer import engine_shape
+        from cluster.control.placer import engine_shape
 
         e = self.engine_for(role)
         return engine_shape(e.resolved_device(), e.tensor_parallel_size, e.pipeline_parallel_size,
@@ -70,8 +63,8 @@ class PoolController:
 
     def node_pins(self, sizes: dict[str, int]) -> dict[str, str]:
         """{engine label (P0, D1): node id} from the plan's node packing (or a first-fit one)."""
-        from cluster import placer
-        from cluster.runtime import cluster_gpus
+        from cluster.control import placer
+        from cluster.control.runtime import cluster_gpus
 
         if "colocated" in sizes:
             return {}
@@ -87,8 +80,8 @@ class PoolController:
         return pins
 
     def _spawn(self, role: str, node_id: str | None = None) -> str:
-        from cluster import placer
-        from cluster.runtime import cluster_gpus
+        from cluster.control import placer
+        from cluster.control.runtime import cluster_gpus
 
         index = self.counter[role]
         wid = f"{role}-{index}"
@@ -109,7 +102,7 @@ class PoolController:
             "scheduling_strategy": placer.scheduling(pg),
         }
         transfer = self.cfg.transfer.model_dump() if role != "colocated" else None
-        cls = ray.remote(worker_class(role))
+        cls = ray.remote(WORKER_CLASSES[role])
         handle = cls.options(**opts).remote(wid, ecfg.model_dump(), transfer)
         self.workers[wid] = {"role": role, "handle": handle, "info": None, "state": "starting",
                              "started_at": time.time(), "pg": pg, "node": node_id,
@@ -126,7 +119,7 @@ class PoolController:
                 self.workers[wid]["info"] = await asyncio.wait_for(ref, timeout=left)
                 self.workers[wid]["state"] = "ready"
             except Exception as e:  # noqa: BLE001 - reported with the worker's name
-                from cluster.placer import group_state
+                from cluster.control.placer import group_state
 
                 w = self.workers[wid]
                 w["state"] = "failed"
@@ -141,7 +134,7 @@ class PoolController:
         self.version += 1
 
     async def start(self, sizes: dict[str, int]) -> list[dict[str, Any]]:
-        from cluster.placer import label_of
+        from cluster.control.placer import label_of
 
         pins = self.node_pins(sizes)
         ids = [self._spawn(role, pins.get(label_of(role, self.counter[role])))
@@ -274,7 +267,7 @@ class PoolController:
         except Exception:  # noqa: BLE001
             pass
         ray.kill(w["handle"], no_restart=True)
-        from cluster.placer import remove_group
+        from cluster.control.placer import remove_group
 
         remove_group(w["pg"])
 

@@ -10,16 +10,12 @@ range, so an application cannot be found at its configured port; this keeps the 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import socket
 from typing import Any
 
 logger = logging.getLogger(__name__)
-
-READY_WAIT_S = 60.0  # for the replica's object to exist (routes find `self` through Serve's context)
-
 
 def bind(host: str, port: int) -> socket.socket:
     """The listening socket, bound now so a taken port fails the replica with a clear message."""
@@ -49,15 +45,6 @@ def mounted(app: Any, route_prefix: str) -> Any:
 async def serve_forever(app: Any, sock: socket.socket, route_prefix: str = "/") -> None:
     """Serve ``app`` on ``sock`` until the replica ends."""
     import uvicorn
-    from ray import serve
-
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + READY_WAIT_S
-    while loop.time() < deadline:
-        with contextlib.suppress(Exception):
-            if serve.get_replica_context().servable_object is not None:
-                break
-        await asyncio.sleep(0.05)
 
     class _Server(uvicorn.Server):
         @contextlib.contextmanager

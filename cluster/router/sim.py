@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from cluster.config import SLOConfig
-from cluster.router import RouteRequest, make_policy
+from cluster.router.policy import RouteRequest, make_policy
 from engine.stats import WorkerStats
 from placement.config import LengthDist
 from placement.dispatch import InstanceView

@@ -1,0 +1,300 @@
+"""Deploy a configuration onto Ray: resolve the device and pool sizes, check resources, start pools,
+check the KV fabric, start the Serve app, and wait until it answers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from cluster.config import ConfigError, DeployConfig
+
+logger = logging.getLogger(__name__)
+
+
+def controller_name(cfg: DeployConfig) -> str:
+    return f"{cfg.name}-controller"
+
+
+def resolve_device(cfg: DeployConfig, nodes: list[dict[str, Any]]) -> DeployConfig:
+    device = cfg.engine.device
+    if device == "auto":
+        device = "cuda" if any(n["gpus"] for n in nodes) else "cpu"
+    engine = cfg.engine.model_copy(update={"device": device})
+    return cfg.model_copy(update={"engine": engine})
+
+
+def resolve_backends(cfg: DeployConfig, nodes: list[dict[str, Any]]) -> DeployConfig:
+    """transfer.backends unset: take the NIXL backend from the nodes' saaf.io/nixl-backend label."""
+    from kvtransfer.config import DEFAULT_BACKENDS, backends_from_labels
+
+    if cfg.transfer.backends:
+        return cfg
+    try:
+        found = backends_from_labels([n.get("labels") or {} for n in nodes])
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    backends = found or list(DEFAULT_BACKENDS)
+    logger.info("NIXL backends %s (%s)", backends, "from node labels" if found else "default")
+    return cfg.model_copy(update={"transfer": cfg.transfer.model_copy(update={"backends": backends})})
+
+
+def pool_sizes(cfg: DeployConfig) -> dict[str, int]:
+    if cfg.pools == "auto":
+        raise ConfigError("pools: auto must be resolved by the planner before starting pools")
+    if cfg.mode == "colocated":
+        return {"colocated": cfg.pools.colocated}
+    return {"prefill": cfg.pools.prefill, "decode": cfg.pools.decode}
+
+
+def check_resources(cfg: DeployConfig, sizes: dict[str, int], nodes: list[dict[str, Any]]) -> None:
+    """Fail before starting anything when the cluster cannot hold the pools."""
+    if cfg.engine.device != "cuda":
+        return
+    pools = cfg.pools if cfg.pools != "auto" else None
+    per_role = {}
+    for role in sizes:
+        tp = (getattr(pools, f"{role}_tp", None) if pools else None) or cfg.engine.tensor_parallel_size
+        pp = (getattr(pools, f"{role}_pp", None) if pools else None) or cfg.engine.pipeline_parallel_size
+        per_role[role] = tp * pp
+    need = sum(n * per_role[r] for r, n in sizes.items())
+    have = sum(n["gpus"] for n in nodes)
+    # First-fit of engines (largest first) onto nodes: each engine's GPUs on one node.
+    free = sorted((n["gpus"] for n in nodes), reverse=True)
+    fits = True
+    for g in sorted((per_role[r] for r, n in sizes.items() for _ in range(n)), reverse=True):
+        i = next((k for k, f in enumerate(free) if f >= g), None)
+        if i is None:
+            fits = False
+            break
+        free[i] -= g
+    if need > have or not fits:
+        biggest = max(per_role.values())
+        nodes_needed = -(-need // max(biggest, max((n["gpus"] for n in nodes), default=biggest)))
+        shape = ", ".join(f"{n['gpus']}" for n in nodes) or "none"
+        raise ConfigError(
+            f"plan needs {need} GPUs in {nodes_needed} node(s) (engines of "
+            f"{', '.join(f'{r} {g} GPU(s)' for r, g in per_role.items())}, each engine on one node); "
+            f"cluster has {len(nodes)} node(s) with GPUs per node: {shape}. "
+            "Lower the pool sizes or add nodes."
+        )
+
+
+def wait_http(url: str, timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    last: Exception | str = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return json.loads(r.read())
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            last = e
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not ready within {timeout_s:.0f}s: {last}")
+
+
+def ask(endpoint: str, model: str, question: str, max_tokens: int = 48, timeout_s: float = 120) -> str:
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": question}],
+                       "max_tokens": max_tokens, "temperature": 0}).encode()
+    req = urllib.request.Request(f"{endpoint}/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        return json.loads(r.read())["choices"][0]["message"]["content"]
+
+
+def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
+    """Start pools and the Serve app on the connected Ray cluster. Returns a description.
+
+    The engines, the KV fabric check and the Serve app start concurrently; the endpoint reports healthy
+    only when both pools are up, and a failed fabric check tears everything down before serving."""
+    import concurrent.futures as cf
+
+    import ray
+    from ray import serve
+
+    from cluster.control.pools import PoolController
+    from cluster.control.runtime import cluster_gpus
+    from cluster.serve.app import Ingress
+    from engine.models import resolve_model, served_name
+
+    nodes = cluster_gpus()
+    cfg = resolve_backends(resolve_device(cfg, nodes), nodes)
+    sizes = pool_sizes(cfg)
+    check_resources(cfg, sizes, nodes)
+    t0 = time.monotonic()
+    resolve_model(cfg.engine.model)  # NOTE: prepare once here, not racing in every worker
+    name = controller_name(cfg)
+    controller = ray.remote(PoolController).options(
+        name=name, namespace=cfg.ray.namespace, lifetime="detached", num_cpus=0, max_restarts=0,
+    ).remote(cfg.model_dump())
+    started = controller.start.remote(sizes)
+    endpoint = endpoint_url(cfg)
+    timings: dict[str, float] = {}
+    try:
+        with cf.ThreadPoolExecutor(1) as pool:
+            fabric = None
+            if cfg.mode == "disaggregated" and cfg.transfer.fabric_check:
+                fabric = pool.submit(_timed, timings, "fabric_check_s", fabric_check, cfg)
+            if cfg.serve.direct and not cfg.serve.proxy_port:
+                serve.start(proxy_location="Disabled")  # NOTE: the ingress replica is the HTTP server
+            else:
+                serve.start(http_options={"host": cfg.serve.host, "port": proxy_port(cfg)})
+            serve.run(Ingress.bind(cfg.model_dump(), name), name=cfg.name, route_prefix=cfg.serve.route_prefix,
+                      blocking=False)
+            timings["serve_s"] = time.monotonic() - t0
+            if fabric is not None:
+                fabric.result(timeout=cfg.engine.startup_timeout_s)
+        infos = ray.get(started, timeout=cfg.engine.startup_timeout_s + 30)
+        timings["pools_s"] = time.monotonic() - t0
+        wait_until_healthy(endpoint, ready_timeout_s)
+    except BaseException:
+        stop(cfg, drain_timeout_s=0)
+        raise
+    logger.info("startup phases (s since start): %s", {k: round(v, 1) for k, v in timings.items()})
+    return {"endpoint": endpoint, "model": cfg.engine.served_model_name or served_name(cfg.engine.model),
+            "workers": infos, "startup_s": time.monotonic() - t0, "config": cfg, "timings": timings}
+
+
+def proxy_port(cfg: DeployConfig) -> int:
+    """Ray Serve's proxy port: the endpoint's own port, unless the ingress serves it directly (then the
+    proxy runs only where serve.proxy_port asks for it). Only the first Serve start on a cluster sets it."""
+    return cfg.serve.proxy_port if cfg.serve.direct and cfg.serve.proxy_port else cfg.serve.port
+
+
+def endpoint_url(cfg: DeployConfig) -> str:
+    return f"http://{cfg.serve.host}:{cfg.serve.port}{cfg.serve.route_prefix.rstrip('/')}"
+
+
+def _timed(timings: dict[str, float], key: str, fn: Any, *args: Any) -> Any:
+    t = time.monotonic()
+    try:
+        return fn(*args)
+    finally:
+        timings[key] = time.monotonic() - t
+
+
+def wait_until_healthy(endpoint: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{endpoint}/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{endpoint}/health not ready within {timeout_s:.0f}s")
+        time.sleep(0.25)
+
+
+def fabric_check(cfg: DeployConfig) -> list[Any]:
+    try:
+        from kvtransfer.fabric import fabric_pairs_from_cluster, require_fabric, run_fabric_check
+    except ImportError:
+        logger.warning("kvtransfer.fabric not available; skipping the fabric check")
+        return []
+    from kvtransfer.config import backend_list, transfer_env
+
+    memory = "VRAM" if cfg.engine.device == "cuda" else "DRAM"
+    node_ip = ray_node_ip()
+    env = {k: v for k, v in transfer_env(cfg.transfer, 0, cfg.engine.device, node_ip).items()
+           if k.startswith("UCX_")}
+    results = run_fabric_check(fabric_pairs_from_cluster(), nbytes=cfg.transfer.fabric_check_mib << 20,
+                               memory=memory, backends=tuple(backend_list(cfg.transfer)), env=env)
+    for r in results:
+        logger.info("fabric %s -> %s: %s %.2f GB/s", r.prefill_node[:8], r.decode_node[:8],
+                    "ok" if r.ok else f"FAILED ({r.error})", r.gbps or 0.0)
+    require_fabric(results)
+    return results
+
+
+def ray_node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def _kill_controller(controller: Any) -> None:
+    import ray
+
+    try:
+        ray.get(controller.shutdown.remote(), timeout=60)
+    except Exception:  # noqa: BLE001
+        pass
+    ray.kill(controller, no_restart=True)
+
+
+def drain(cfg: DeployConfig, timeout_s: float | None = None) -> dict[str, Any] | None:
+    """Graceful stop of the app's admission: new requests get 503 at once; in-flight ones get up to
+    ``timeout_s`` (serve.drain_timeout_s) to finish, then end with an error event / 503 at their next token.
+    Returns {"inflight", "drained_s", "aborted"}, or None when the app is not running."""
+    from ray import serve
+
+    timeout_s = cfg.serve.drain_timeout_s if timeout_s is None else timeout_s
+    try:
+        handle = serve.get_app_handle(cfg.name)
+        inflight = handle.begin_drain.remote().result(timeout_s=10)
+    except Exception as e:  # noqa: BLE001 - no app, or its replica is gone: nothing to drain
+        logger.info("drain %s: %s", cfg.name, e)
+        return None
+    t0 = time.monotonic()
+    if inflight:
+        logger.warning("draining %d in-flight request(s), up to %.0fs", inflight, timeout_s)
+    left = _wait_inflight(handle, t0 + timeout_s)
+    aborted = left
+    if left:
+        logger.warning("%d request(s) still running after %.0fs; ending them with an error", left, timeout_s)
+        handle.abort_inflight.remote().result(timeout_s=10)
+        left = _wait_inflight(handle, time.monotonic() + 10)
+    return {"inflight": inflight, "drained_s": round(time.monotonic() - t0, 2), "aborted": aborted,
+            "left": left}
+
+
+def drain_summary(d: dict[str, Any] | None) -> str:
+    if d is None:
+        return "no running app to drain"
+    return (f"drained {d['inflight']} in-flight request(s) in {d['drained_s']:.1f}s"
+            + (f"; {d['aborted']} still running at the deadline ended with an error" if d["aborted"] else ""))
+
+
+def _wait_inflight(handle: Any, deadline: float) -> int:
+    left = -1
+    while True:
+        try:
+            left = handle.inflight_requests.remote().result(timeout_s=10)
+        except Exception as e:  # noqa: BLE001 - the replica died: its requests died with it
+            logger.warning("in-flight count unavailable: %s", e)
+            return 0
+        if left <= 0 or time.monotonic() > deadline:
+            return max(left, 0)
+        time.sleep(0.2)
+
+
+def stop(cfg: DeployConfig, *, drain_timeout_s: float | None = None) -> dict[str, Any] | None:
+    """Drain (see drain()), then remove the Serve app and every worker of the deployment; the Ray
+    cluster stays up. Returns the drain summary."""
+    import ray
+    from ray import serve
+
+    drained = drain(cfg, drain_timeout_s)
+    try:
+        serve.delete(cfg.name)
+    except Exception as e:  # noqa: BLE001
+        logger.warning("serve.delete(%s): %s", cfg.name, e)
+    try:
+        controller = ray.get_actor(controller_name(cfg), namespace=cfg.ray.namespace)
+    except ValueError:
+        return drained
+    _kill_controller(controller)
+    return drained
+
+
+def pool_table(workers: list[dict[str, Any]]) -> str:
+    rows = ["role       worker        engine id               node          side-channel  KV tokens"]
+    for w in workers:
+        rows.append(f"{w['role']:<10} {w['worker_id']:<13} {w['engine_id']:<23} {w['node_id'][:12]:<13} "
+                    f"{str(w['side_channel_port']):<13} {w['kv_capacity_tokens']}")
+    return "\n".join(rows)

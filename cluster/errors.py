@@ -1,0 +1,35 @@
+"""The one error type the serving side raises for what a client must see (an HTTP status and an
+OpenAI-style body); the HTTP layer renders it, the router and the request runner raise it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ServeError(Exception):
+    """`status` is the HTTP status; `code` a short machine-readable reason (e.g. `slo_unattainable`)."""
+
+    def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.retry_after_s = retry_after_s
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {} if self.retry_after_s is None else {"Retry-After": str(max(1, round(self.retry_after_s)))}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def rate_limited(message: str, code: str | None = None, retry_after_s: float = 1.0) -> ServeError:
+    return ServeError(429, message, type_="rate_limit_exceeded", code=code, retry_after_s=retry_after_s)
+
+
+def unavailable(message: str, code: str | None = None, retry_after_s: float = 5.0) -> ServeError:
+    return ServeError(503, message, type_="service_unavailable", code=code, retry_after_s=retry_after_s)
+
+
+def shutting_down(message: str) -> ServeError:
+    return unavailable(message, code="shutting_down")

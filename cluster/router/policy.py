@@ -1,0 +1,83 @@
+"""What a routing policy is: the request it sees, the decision it returns, the contract, the registry.
+
+A policy answers one question per request: which prefill worker and which decode worker serve it, and
+is it worth admitting at all. It sees only `WorkerStats` snapshots (refreshed in the background by
+`Membership`); it never waits on a worker and does no I/O, so a decision costs microseconds.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from engine.stats import WorkerStats
+
+
+class RouteRequest(NamedTuple):
+    prompt_tokens: int
+    max_tokens: int
+    ttft_slo_s: float
+    tpot_slo_s: float
+    prefix_hash: int = 0
+
+
+class RouteDecision(NamedTuple):
+    admit: bool
+    prefill: str | None  # worker id (None in colocated mode)
+    decode: str | None  # worker id of the decode (or colocated) worker
+    reason: str = ""
+    predicted_ttft_s: float | None = None
+    predicted_tpot_s: float | None = None
+    p_slo: float | None = None  # predicted probability of meeting both targets (goodput policy)
+
+
+class Policy(ABC):
+    """Contract of a routing policy.
+
+    - `route(req, prefill, decode)` reads only its arguments (and the policy's own state); it never blocks.
+    - `decode` is never empty when called; `prefill` is empty in colocated mode, where `decode` holds the
+      colocated workers and the decision's `prefill` is None.
+    - The decision names a worker of each given pool also when `admit` is False, so best-effort admission
+      can still serve the request there.
+    - `admit=False` means the request would most likely miss its targets (or cost others theirs); the
+      caller queues or refuses it according to `router.admission`.
+    - `observe(...)` is called once per finished request with its measured TTFT/TPOT; the default ignores it.
+    """
+
+    @abstractmethod
+    def route(self, req: RouteRequest, prefill: Sequence[WorkerStats],
+              decode: Sequence[WorkerStats]) -> RouteDecision: ...
+
+    def observe(self, decision: RouteDecision, req: RouteRequest,  # noqa: B027 - optional hook
+                ttft_s: float, tpot_s: float | None) -> None:
+        """Feedback after a request (measured TTFT from routing, TPOT or None for one token)."""
+
+    def __call__(self, req: RouteRequest, prefill: Sequence[WorkerStats],
+                 decode: Sequence[WorkerStats]) -> RouteDecision:
+        return self.route(req, prefill, decode)
+
+
+# name -> factory; a factory receives make_policy's keyword arguments and ignores those it does not use.
+POLICIES: dict[str, Callable[..., Policy]] = {}
+
+
+def register(name: str) -> Callable[[Callable[..., Policy]], Callable[..., Policy]]:
+    def deco(factory: Callable[..., Policy]) -> Callable[..., Policy]:
+        POLICIES[name] = factory
+        return factory
+
+    return deco
+
+
+def known_policies() -> list[str]:
+    return sorted(POLICIES)
+
+
+def make_policy(name: str, **kwargs: Any) -> Policy:
+    """The policy registered as `name`. `goodput` uses `router_cfg` (RouterConfig: latency model, sigma,
+    admission), `slo` (SLOConfig: default targets), and optionally `latency`/`decode_latency`
+    (LatencyModels), `prefill_tp`/`decode_tp` (catalog models), `clock` and `max_prefill_tokens`."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown router policy {name!r}; choose one of {', '.join(known_policies())}")
+    return POLICIES[name](**kwargs)

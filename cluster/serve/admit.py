@@ -1,0 +1,104 @@
+"""Admission before a stream starts, wrapped around vLLM's serving classes.
+
+vLLM's serving methods (create_chat_completion, create_completion, create_responses, create_messages)
+render the request, call `EngineClient.generate()` for each prompt, and for `stream: true` return an
+async generator that the route hands to a StreamingResponse: by then a 200 is promised. Wrapping the
+method, we set the request's context (its SLO headers) around the call, and when it returns a stream we
+route every job it created first: a refusal is then an HTTP 429 (or 503) with `Retry-After`, never an
+error event inside a 200. Non-streamed requests are admitted inside generate() and raise the same error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import json
+from collections.abc import Callable
+from typing import Any
+
+from cluster.config import SLOConfig
+from cluster.serve.context import CURRENT, RequestContext
+from cluster.serve.engine_client import StreamError
+
+# The serving objects vLLM's init_app_state creates, and their request methods that may return streams.
+GENERATE_METHODS = {
+    "openai_serving_chat": "create_chat_completion",
+    "openai_serving_completion": "create_completion",
+    "openai_serving_responses": "create_responses",
+    "anthropic_serving_messages": "create_messages",
+}
+
+
+async def _until_disconnect(raw_request: Any) -> None:
+    from vllm.entrypoints.serve.utils.api_utils import listen_for_disconnect
+
+    await listen_for_disconnect(raw_request)
+
+
+async def admit_all(ctx: RequestContext, raw_request: Any) -> None:
+    """Route every job of the request; stop waiting (and leave) if the client hangs up meanwhile."""
+    if not ctx.jobs:
+        return
+    admitting = asyncio.ensure_future(asyncio.gather(*(job.admit() for job in ctx.jobs)))
+    watch = asyncio.ensure_future(_until_disconnect(raw_request)) if raw_request is not None else None
+    try:
+        waits = {admitting} | ({watch} if watch else set())
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if admitting not in done:
+            admitting.cancel()
+            raise asyncio.CancelledError("client disconnected while queued for admission")
+        admitting.result()
+    finally:
+        if watch is not None:
+            watch.cancel()
+
+
+def admit_streams_first(method: Callable[..., Any], slo: SLOConfig) -> Callable[..., Any]:
+    @functools.wraps(method)
+    async def wrapper(request: Any, raw_request: Any = None, *args: Any, **kwargs: Any) -> Any:
+        ctx = RequestContext.from_headers(raw_request.headers if raw_request is not None else {}, slo)
+        token = CURRENT.set(ctx)
+        try:
+            result = await method(request, raw_request, *args, **kwargs)
+        finally:
+            CURRENT.reset(token)
+        if inspect.isasyncgen(result):
+            try:
+                await admit_all(ctx, raw_request)
+            except BaseException:
+                for job in ctx.jobs:
+                    job.close()
+                with contextlib.suppress(Exception):
+                    await result.aclose()
+                raise
+        return result
+
+    return wrapper
+
+
+def our_stream_errors(method: Callable[..., str]) -> Callable[..., str]:
+    """vLLM's stream generators render an exception as an error event with `create_streaming_error_response`;
+    ours keep their OpenAI-style body (type and machine-readable code, e.g. `shutting_down`)."""
+
+    @functools.wraps(method)
+    def wrapper(message: Any, *args: Any, **kwargs: Any) -> str:
+        if isinstance(message, StreamError):
+            return json.dumps(message.error.body())
+        return method(message, *args, **kwargs)
+
+    return wrapper
+
+
+def install(state: Any, slo: SLOConfig) -> list[str]:
+    """Wrap the serving objects vLLM created on `state`; returns the methods wrapped."""
+    wrapped = []
+    for attr, name in GENERATE_METHODS.items():
+        obj = getattr(state, attr, None)
+        if obj is not None and hasattr(obj, name):
+            setattr(obj, name, admit_streams_first(getattr(obj, name), slo))
+            if hasattr(obj, "create_streaming_error_response"):
+                obj.create_streaming_error_response = our_stream_errors(obj.create_streaming_error_response)
+            wrapped.append(f"{attr}.{name}")
+    return wrapped

@@ -1,0 +1,252 @@
+"""One completion of a request (n=1) across the pools.
+
+    admit():   the router picks (prefill p, decode d), or queues / refuses the request (Admission)
+    outputs(): p.prefill() -> KVHandoff -> d.decode_stream() pulls the KV over NIXL and streams RequestOutputs
+               (colocated mode, or max_tokens == 1: one worker's generate_stream())
+    close():   cancels every Ray task in flight (the workers abort their engine requests) and releases a
+               handoff whose decode never started, so the prefill engine frees its blocks at once
+
+A worker that dies is retried elsewhere (or on the same worker once Ray restarts it); a decode worker lost
+mid-stream is migrated: prompt + the tokens already streamed are prefilled again and decoding continues, so
+the client's stream goes on. Every wait is bounded by the request's deadline (serve.request_timeout_s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any, NamedTuple
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+
+from cluster.config import DeployConfig
+from cluster.errors import ServeError, unavailable
+from cluster.router.admission import Admission
+from cluster.router.membership import Membership
+from cluster.router.policy import RouteDecision, RouteRequest
+from cluster.serve.metrics import Metrics
+from cluster.serve.transfers import TransferLog
+from kvtransfer.handoff import KVHandoff, TransferTelemetry
+
+logger = logging.getLogger(__name__)
+_DEAD = (RayActorError, ActorDiedError, ActorUnavailableError)
+MAX_ATTEMPTS = 4
+RELEASE_TIMEOUT_S = 10.0
+
+
+class Services(NamedTuple):
+    """What a leg talks to; one set per ingress replica."""
+
+    cfg: DeployConfig
+    members: Membership
+    admission: Admission
+    metrics: Metrics
+    transfers: TransferLog
+
+
+class WorkerDied(Exception):
+    def __init__(self, worker: str, cause: BaseException) -> None:
+        super().__init__(worker)
+        self.worker, self.cause = worker, cause
+
+
+def _timeout(what: str, seconds: float) -> ServeError:
+    return ServeError(504, f"{what} exceeded {seconds:.0f}s; request aborted", type_="timeout", code="timeout")
+
+
+def _movable(params: Any) -> bool:
+    """Can decoding continue elsewhere from prompt + streamed tokens and sample what it would have?
+    Not with a grammar (its state is not carried), output-count penalties or a seed (its RNG stream)."""
+    return (params.structured_outputs is None and not params.frequency_penalty and not params.presence_penalty
+            and params.seed is None)
+
+
+class Leg:
+    def __init__(self, svc: Services, request_id: str, ids: list[int], params: Any, route: RouteRequest,
+                 deadline: float) -> None:
+        self.svc = svc
+        self.request_id = request_id
+        self.ids = ids
+        self.params = params  # vLLM SamplingParams, n=1
+        self.route = route
+        self.deadline = deadline
+        self.decision: RouteDecision | None = None
+        self.routed_at = 0.0
+        self.first_token_at: float | None = None
+        self.tokens = 0
+        self.done = False  # the last output (finished) has arrived
+        self._admitting: asyncio.Future[RouteDecision] | None = None
+        self._refs: set[Any] = set()  # ObjectRefs and ObjectRefGenerators in flight
+        self._unpulled: tuple[Any, KVHandoff] | None = None  # (decode handle, handoff) not yet pulled
+
+    # ---- admission -------------------------------------------------------------------------------
+    def admit(self) -> asyncio.Future[RouteDecision]:
+        """The first routing decision (idempotent). Raises ServeError (429/503) when refused."""
+        if self._admitting is None:
+            self._admitting = asyncio.ensure_future(self.svc.admission.route(self.route))
+        return self._admitting
+
+    def _left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    # ---- running ---------------------------------------------------------------------------------
+    async def outputs(self) -> AsyncIterator[Any]:
+        """DELTA RequestOutputs of this completion (raw from the workers, prompt logprobs attached)."""
+        produced: list[int] = []
+        excluded: set[str] = set()
+        for attempt in range(MAX_ATTEMPTS):
+            left = self.params.max_tokens - len(produced)
+            if left < 1:
+                return
+            prompt = self.ids + produced
+            p = self.params.clone()
+            p.max_tokens, p.min_tokens = left, max(0, p.min_tokens - len(produced))
+            if produced:
+                p.prompt_logprobs = None  # NOTE: delivered with the first output already
+            route = self.route._replace(prompt_tokens=len(prompt), max_tokens=left)
+            if attempt == 0:
+                dec = await self.admit()
+            else:
+                dec = await self.svc.admission.route(route, excluded, must_admit=True)
+            self.decision, self.routed_at = dec, time.monotonic()
+            rid = self.request_id if attempt == 0 else f"{self.request_id}-r{attempt}"
+            try:
+                async for out in self._attempt(rid, prompt, p, dec):
+                    n = len(out.outputs[0].token_ids) if out.outputs else 0
+                    if n and self.first_token_at is None:
+                        self.first_token_at = time.monotonic()
+                    self.tokens += n
+                    produced.extend(out.outputs[0].token_ids if out.outputs else ())
+                    yield out
+                self._observe()
+                return
+            except WorkerDied as e:
+                logger.warning("worker %s died serving %s after %d tokens (attempt %d): %s", e.worker, rid,
+                               len(produced), attempt + 1, e.cause)
+                if produced and not _movable(self.params):
+                    raise unavailable(f"the decode worker serving this request was lost after {len(produced)} "
+                                      "tokens, and its sampling state (structured output, penalties or seed) "
+                                      "cannot move to another worker; retry the request") from None
+                self.svc.metrics.requests.labels("migrated" if produced else "retried").inc()
+                excluded.add(e.worker)
+                self.svc.members.mark_unhealthy(e.worker)
+        raise unavailable(f"request failed on {MAX_ATTEMPTS} workers in a row; retry later")
+
+    def _observe(self) -> None:
+        dec = self.decision
+        if dec is None or self.first_token_at is None:
+            return
+        now = time.monotonic()
+        ttft = self.first_token_at - self.routed_at
+        tpot = (now - self.first_token_at) / (self.tokens - 1) if self.tokens > 1 else None
+        self.svc.admission.policy.observe(dec, self.route, ttft, tpot)
+
+    def _handle(self, worker: str | None) -> Any:
+        h = self.svc.members.handle(worker) if worker else None
+        if h is None:  # NOTE: replaced between routing and now; a retry routes again
+            raise WorkerDied(str(worker), RuntimeError("worker left the pool"))
+        return h
+
+    async def _attempt(self, rid: str, ids: list[int], params: Any, dec: RouteDecision) -> AsyncIterator[Any]:
+        sc = self.svc.cfg.serve
+        if self.svc.cfg.mode == "colocated" or params.max_tokens == 1:
+            wid = dec.decode if self.svc.cfg.mode == "colocated" else dec.prefill
+            gen = self._handle(wid).generate_stream.options(num_returns="streaming").remote(rid, ids, params)
+            async for out in self._stream(gen, wid, sc.token_timeout_s):
+                yield out
+            return
+        pre = await self._prefill(dec.prefill, rid, ids, params)
+        self.svc.metrics.prefill.observe(pre.handoff.prefill_s)
+        handle = self._handle(dec.decode)
+        self._unpulled = (handle, pre.handoff)
+        gen = handle.decode_stream.options(num_returns="streaming").remote(rid, ids, params, pre.handoff)
+        first = True
+        async for item in self._stream(gen, dec.decode, self.svc.cfg.transfer.transfer_timeout_s + sc.token_timeout_s,
+                                       first_timeout=True):
+            if isinstance(item, TransferTelemetry):
+                self._unpulled = None
+                self.svc.transfers.record(item)
+                continue
+            if first:
+                first = False
+                item.prompt_logprobs = pre.output.prompt_logprobs
+            # NOTE: the decode engine counts the prompt it loaded over NIXL as "cached"; the client's
+            # cached-token count is the prefill engine's prefix-cache hit, as on one engine.
+            item.num_cached_tokens = pre.handoff.cached_tokens
+            yield item
+
+    async def _prefill(self, worker: str | None, rid: str, ids: list[int], params: Any) -> Any:
+        ref = self._handle(worker).prefill.remote(rid, ids, params)
+        self._refs.add(ref)
+        left = self._left()
+        try:
+            return await asyncio.wait_for(ref, timeout=max(left, 0.001))
+        except _DEAD as e:
+            raise WorkerDied(str(worker), e) from None
+        except TimeoutError:
+            raise _timeout("prefill", self.svc.cfg.serve.request_timeout_s) from None
+        except RayTaskError as e:
+            raise ServeError(502, f"prefill failed on {worker}: {getattr(e, 'cause', e)}", type_="engine_error",
+                             code="engine_error") from None
+        finally:
+            self._refs.discard(ref)
+
+    async def _stream(self, gen: Any, worker: str | None, timeout: float,
+                      first_timeout: bool = False) -> AsyncIterator[Any]:
+        """Items of a streaming actor call, each within `timeout` (the first within `timeout` too, then
+        serve.token_timeout_s when `first_timeout`) and all within the deadline."""
+        self._refs.add(gen)
+        token_timeout = self.svc.cfg.serve.token_timeout_s
+        try:
+            while True:
+                left = self._left()
+                if left <= 0:
+                    raise _timeout("request", self.svc.cfg.serve.request_timeout_s)
+                try:
+                    ref = await asyncio.wait_for(gen.__anext__(), timeout=min(timeout, left))
+                    item = await ref
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    if left <= timeout:
+                        raise _timeout("request", self.svc.cfg.serve.request_timeout_s) from None
+                    raise ServeError(504, f"no token from {worker} for {timeout:.0f}s; request aborted",
+                                     type_="timeout", code="timeout") from None
+                except _DEAD as e:
+                    raise WorkerDied(str(worker), e) from None
+                except RayTaskError as e:
+                    raise ServeError(502, f"{worker} failed: {getattr(e, 'cause', e)}", type_="engine_error",
+                                     code="kv_transfer_error" if first_timeout else "engine_error") from None
+                if first_timeout:
+                    timeout = token_timeout
+                yield item
+        finally:
+            self._refs.discard(gen)
+            with contextlib.suppress(Exception):
+                ray.cancel(gen)
+
+    # ---- cleanup ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop everything in flight; safe to call more than once and from a cancelled task."""
+        if self._admitting is not None and not self._admitting.done():
+            self._admitting.cancel()
+        for ref in list(self._refs):
+            with contextlib.suppress(Exception):
+                ray.cancel(ref)
+        self._refs.clear()
+        if self._unpulled is not None:
+            handle, handoff = self._unpulled
+            self._unpulled = None
+            asyncio.ensure_future(_release(handle, handoff))
+
+
+async def _release(handle: Any, handoff: KVHandoff) -> None:
+    try:
+        await asyncio.wait_for(handle.release.remote(handoff), timeout=RELEASE_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001 - the lease frees the blocks anyway (kv_lease_s)
+        logger.info("release of %s's KV on %s failed (%s); its lease frees it", handoff.request_id,
+                    handoff.prefill_worker, e)
