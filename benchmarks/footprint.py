@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.compare.provenance import Provenance
 from benchmarks.deployproc import DeployProcess, cpu_seconds, pss_bytes
 
 
@@ -30,8 +32,9 @@ def chat(endpoint: str, model: str, content: str, max_tokens: int) -> dict:
         "temperature": 0, "stream": True}) as r:
         r.raise_for_status()
         for line in r.iter_lines():
-            if line.startswith("data: ") and '"content": "' in line and first is None:
-                if json.loads(line[6:])["choices"][0]["delta"].get("content"):
+            if first is None and line.startswith("data: {"):
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                if choices[0].get("delta", {}).get("content"):
                     first = time.monotonic() - t0
     return {"ttft_s": first, "e2e_s": time.monotonic() - t0}
 
@@ -45,6 +48,7 @@ def main() -> int:
     a = ap.parse_args()
     if not 1 <= a.requests <= 256:
         ap.error(f"--requests {a.requests}: give 1..256")
+    prov = Provenance.start(["python", "-m", "benchmarks.footprint"], sys.argv[1:])
     dp = DeployProcess()
     res: dict = {}
     try:
@@ -91,7 +95,8 @@ def main() -> int:
     for k, v in res.items():
         print(f"{k:32} {v}")
     if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=1))
+        out = prov.start_fields() | {"figures": res} | prov.end_fields()
+        Path(a.out).write_text(json.dumps(out, indent=1))
     return 0
 
 

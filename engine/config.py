@@ -40,12 +40,20 @@ class EngineConfig(BaseModel):
     cpu_threads: int = Field(1, ge=1, description="OMP threads per CPU engine (1 is best on small boxes)")
     seed: int = Field(0, description="Engine seed")
     startup_timeout_s: float = Field(300, gt=0, description="Max seconds for one engine to become ready")
+    engine_core: Literal["auto", "thread", "process"] = Field(
+        "auto", description="Where vLLM's EngineCore runs: a thread of the worker actor (auto on CPU: one Python "
+                            "process per engine, engine/inproc.py) or its own process (auto on GPU)")
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
         if self.device == "cpu" and (self.tensor_parallel_size > 1 or self.pipeline_parallel_size > 1):
             raise ValueError("tensor/pipeline parallelism needs device 'cuda'; on CPU set both to 1")
         return self
+
+    def core_in_thread(self) -> bool:
+        if self.engine_core == "auto":
+            return self.resolved_device() == "cpu"
+        return self.engine_core == "thread"
 
     @property
     def gpus_per_engine(self) -> int:

@@ -69,6 +69,7 @@ class EngineHost:
             kv_kwargs = kv_transfer_kwargs(self.role, self.engine_id, self.device, tcfg)
         # NOTE: vLLM's EngineCore is a spawned child; it inherits os.environ at spawn time.
         os.environ.update(env)
+        t_import = time.monotonic()
         from vllm import AsyncEngineArgs
         from vllm.config import KVTransferConfig
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -82,9 +83,11 @@ class EngineHost:
         if kv_kwargs is not None:
             kwargs["kv_transfer_config"] = KVTransferConfig(**kv_kwargs)
         self.totals = EngineTotals()
-        self.engine = AsyncLLM.from_engine_args(
-            AsyncEngineArgs(**kwargs), stat_loggers=[make_stat_logger_factory(self.totals)]
-        )
+        t_engine = time.monotonic()
+        with self._core_placement():
+            self.engine = AsyncLLM.from_engine_args(
+                AsyncEngineArgs(**kwargs), stat_loggers=[make_stat_logger_factory(self.totals)]
+            )
         if self.device == "cpu" and kv_kwargs is not None:
             from engine.procs import reset_affinity
 
@@ -95,11 +98,24 @@ class EngineHost:
         self.num_gpu_blocks = vc.cache_config.num_gpu_blocks or 0
         self.block_bytes = self._block_bytes(vc)
         self.max_model_len = vc.model_config.max_model_len
+        now = time.monotonic()
+        self.startup_s = {"before_vllm": round(t_import - self._started, 2), "vllm_import": round(t_engine - t_import, 2),
+                          "engine": round(now - t_engine, 2), "total": round(now - self._started, 2)}
         logger.info(
-            "%s %s ready: engine %s, %d KV blocks of %d tokens (%d bytes each), side channel %s",
+            "%s %s ready: engine %s, %d KV blocks of %d tokens (%d bytes each), side channel %s; startup %s",
             self.role, worker_id, self.engine_id, self.num_gpu_blocks, self.block_size, self.block_bytes,
-            self.side_channel_port,
+            self.side_channel_port, self.startup_s,
         )
+
+    def _core_placement(self) -> Any:
+        """Where vLLM's EngineCore runs: a thread of this actor (CPU default, engine/inproc.py) or a process."""
+        import contextlib
+
+        if self.cfg.core_in_thread():
+            from engine.inproc import engine_core_in_thread
+
+            return engine_core_in_thread()
+        return contextlib.nullcontext()
 
     @staticmethod
     def _block_bytes(vc: Any) -> int:
@@ -126,6 +142,8 @@ class EngineHost:
             "block_bytes": self.block_bytes,
             "kv_capacity_tokens": self.num_gpu_blocks * self.block_size,
             "device": self.device,
+            "startup_s": self.startup_s,
+            "started_at": time.time() - (time.monotonic() - self._started),
         }
 
     def stats(self) -> WorkerStats:

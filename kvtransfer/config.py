@@ -36,7 +36,9 @@ class TransferConfig(BaseModel):
     side_channel_host: str | None = Field(
         None, description="Address the NIXL side channel binds to; None = the node's Ray IP address"
     )
-    fabric_check: bool = Field(True, description="Run the NIXL fabric check before serving")
+    fabric_check: bool | Literal["auto"] = Field(
+        "auto", description="Run the NIXL fabric check before serving: true, false, or auto (on clusters of "
+                            "more than one node)")
     fabric_check_mib: int = Field(16, gt=0, description="Bytes moved per pair by the fabric check, MiB")
 
 

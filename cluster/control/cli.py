@@ -10,7 +10,7 @@ import argparse
 import logging
 import signal
 import sys
-import threading
+import time
 
 from cluster.config import ConfigError, load_config
 
@@ -84,10 +84,12 @@ def _deploy(cfg, args) -> int:
     address = args.address or cfg.ray.address
     embedded = connect(address, num_cpus=cfg.ray.num_cpus, object_store_mib=cfg.ray.object_store_mib,
                        namespace=cfg.ray.namespace)
-    # NOTE: after ray.init, which installs its own SIGTERM handler in the driver.
-    stop_event = threading.Event()
+    # NOTE: after ray.init, which installs its own SIGTERM handler in the driver. The handler only records
+    # the signal (threading.Event.set() inside a signal handler can deadlock on the Event's own lock when
+    # the signal lands while the main thread waits on it); the serving loop below polls the record.
+    stopped: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop_event.set())
+        signal.signal(sig, lambda signum, _frame: stopped.append(signum))
     try:
         if cfg.pools == "auto":
             from cluster.control.planning import apply_plan
@@ -105,7 +107,8 @@ def _deploy(cfg, args) -> int:
         if args.detach or not embedded:
             return 0
         print("serving; press Ctrl-C to stop", flush=True)
-        stop_event.wait()
+        while not stopped:
+            time.sleep(0.2)  # NOTE: a signal interrupts the sleep; its handler has run by the next check
         print(f"shutting down: new requests get 503; in-flight ones get up to "
               f"{info['config'].serve.drain_timeout_s:.0f}s ...", flush=True)
         print(deploy.drain_summary(deploy.stop(info["config"])), flush=True)

@@ -113,11 +113,9 @@ def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
     import concurrent.futures as cf
 
     import ray
-    from ray import serve
 
     from cluster.control.pools import PoolController
     from cluster.control.runtime import cluster_gpus
-    from cluster.serve.app import Ingress
     from engine.models import resolve_model, served_name
 
     nodes = cluster_gpus()
@@ -131,12 +129,17 @@ def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
         name=name, namespace=cfg.ray.namespace, lifetime="detached", num_cpus=0, max_restarts=0,
     ).remote(cfg.model_dump())
     started = controller.start.remote(sizes)
+    # NOTE: imported once the engines are on their way (the CPU is the bottleneck at startup).
+    from ray import serve
+
+    from cluster.serve.app import Ingress
+
     endpoint = endpoint_url(cfg)
     timings: dict[str, float] = {}
     try:
         with cf.ThreadPoolExecutor(1) as pool:
             fabric = None
-            if cfg.mode == "disaggregated" and cfg.transfer.fabric_check:
+            if cfg.mode == "disaggregated" and wants_fabric_check(cfg, nodes):
                 fabric = pool.submit(_timed, timings, "fabric_check_s", fabric_check, cfg)
             if cfg.serve.direct and not cfg.serve.proxy_port:
                 serve.start(proxy_location="Disabled")  # NOTE: the ingress replica is the HTTP server
@@ -188,6 +191,15 @@ def wait_until_healthy(endpoint: str, timeout_s: float) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{endpoint}/health not ready within {timeout_s:.0f}s")
         time.sleep(0.25)
+
+
+def wants_fabric_check(cfg: DeployConfig, nodes: list[dict[str, Any]]) -> bool:
+    """`transfer.fabric_check`: true, false, or auto (default): only where engines can sit on different
+    nodes. NOTE: on one node the check would only repeat what the first request's transfer shows (any
+    failure is counted and, with the default policy, recomputed), at the price of two NIXL processes
+    competing with the engines for the CPU at startup."""
+    fc = cfg.transfer.fabric_check
+    return fc is True or (fc == "auto" and len(nodes) > 1)
 
 
 def fabric_check(cfg: DeployConfig) -> list[Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import ray
@@ -20,9 +21,7 @@ from cluster.router.admission import Admission
 from cluster.router.membership import Membership
 from cluster.router.policy import make_policy
 from cluster.serve.direct import bind, serve_forever
-from cluster.serve.engine_client import PDEngineClient
 from cluster.serve.frontend import build_frontend
-from cluster.serve.http import build_app
 from cluster.serve.leg import Services
 from cluster.serve.metrics import Metrics
 from cluster.serve.transfers import TransferLog
@@ -52,6 +51,12 @@ def make_services(cfg: DeployConfig, controller: Any, metrics: Metrics, busy: An
 @serve.ingress()
 class Ingress:
     async def __init__(self, deploy_cfg: dict[str, Any], controller_name: str) -> None:
+        t0 = time.monotonic()
+        # NOTE: vLLM's serving layer is imported here, in the replica, not when the deploy CLI (the driver)
+        # imports this module to name the deployment: the driver never needs vLLM.
+        from cluster.serve.engine_client import PDEngineClient
+        from cluster.serve.http import build_app
+
         logging.basicConfig(level=logging.INFO)
         self.cfg = cfg = DeployConfig.model_validate(deploy_cfg)
         model_dir = resolve_model(cfg.engine.model)
@@ -59,11 +64,15 @@ class Ingress:
         self.metrics = Metrics()
         controller = ray.get_actor(controller_name, namespace=cfg.ray.namespace)
         self.svc = make_services(cfg, controller, self.metrics, busy=lambda: bool(getattr(self, "client", None) and self.client.jobs))
+        t_frontend = time.monotonic()
         frontend = build_frontend(cfg, model_dir, name)
         self.client = PDEngineClient(frontend, self.svc)
         self.svc.members.start()
+        t_app = time.monotonic()
         self.http_app = await build_app(self.client, frontend.args, health=self._health, metrics=self.metrics.render,
                                    stats=self._stats)
+        logger.info("ingress ready in %.1fs (imports %.1fs, vLLM frontend %.1fs, app %.1fs)", time.monotonic() - t0,
+                    t_frontend - t0, t_app - t_frontend, time.monotonic() - t_app)
         self._server: asyncio.Task | None = None
         if cfg.serve.direct:
             sock = bind(cfg.serve.host, cfg.serve.port)

@@ -40,6 +40,7 @@ class Job:
         self.kind = params.output_kind
         self.ttft_slo_s, self.tpot_slo_s = ttft_slo_s, tpot_slo_s
         self.t0 = time.monotonic()
+        self._failure_counted = False
         deadline = self.t0 + svc.cfg.serve.request_timeout_s
         route = RouteRequest(len(ids), params.max_tokens or 1, ttft_slo_s, tpot_slo_s, hash(tuple(ids[:64])))
         n = params.n or 1
@@ -47,9 +48,18 @@ class Job:
                          deadline) for i in range(n)]
 
     async def admit(self) -> None:
-        """Route every leg (the first decision of each); raises ServeError when refused."""
-        for leg in self.legs:
-            await leg.admit()
+        """Route every leg (the first decision of each); raises ServeError when refused (counted once)."""
+        try:
+            for leg in self.legs:
+                await leg.admit()
+        except ServeError as e:
+            self._count_failure(e)
+            raise
+
+    def _count_failure(self, e: ServeError) -> None:
+        if not self._failure_counted:
+            self._failure_counted = True
+            self.svc.metrics.requests.labels("rejected" if e.status == 429 else "error").inc()
 
     def close(self) -> None:
         for leg in self.legs:
@@ -86,7 +96,7 @@ class Job:
                 yield merged
             ok = True
         except ServeError as e:
-            m.requests.labels("rejected" if e.status == 429 else "error").inc()
+            self._count_failure(e)
             raise
         finally:
             self.close()

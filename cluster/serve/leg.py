@@ -82,6 +82,7 @@ class Leg:
         self._admitting: asyncio.Future[RouteDecision] | None = None
         self._refs: set[Any] = set()  # ObjectRefs and ObjectRefGenerators in flight
         self._unpulled: tuple[Any, KVHandoff] | None = None  # (decode handle, handoff) not yet pulled
+        self._prefilling: tuple[Any, str | None] | None = None  # (ObjectRef, decode worker) of a prefill
 
     # ---- admission -------------------------------------------------------------------------------
     def admit(self) -> asyncio.Future[RouteDecision]:
@@ -159,7 +160,7 @@ class Leg:
             async for out in self._stream(gen, wid, sc.token_timeout_s):
                 yield out
             return
-        pre = await self._prefill(dec.prefill, rid, ids, params)
+        pre = await self._prefill(dec.prefill, rid, ids, params, dec.decode)
         self.svc.metrics.prefill.observe(pre.handoff.prefill_s)
         handle = self._handle(dec.decode)
         self._unpulled = (handle, pre.handoff)
@@ -179,12 +180,14 @@ class Leg:
             item.num_cached_tokens = pre.handoff.cached_tokens
             yield item
 
-    async def _prefill(self, worker: str | None, rid: str, ids: list[int], params: Any) -> Any:
+    async def _prefill(self, worker: str | None, rid: str, ids: list[int], params: Any, decode: str | None
+                       ) -> Any:
         ref = self._handle(worker).prefill.remote(rid, ids, params)
-        self._refs.add(ref)
+        # NOTE: until the result is here, close() cancels the task and releases a handoff that raced it.
+        self._prefilling = (ref, decode)
         left = self._left()
         try:
-            return await asyncio.wait_for(ref, timeout=max(left, 0.001))
+            result = await asyncio.wait_for(ref, timeout=max(left, 0.001))
         except _DEAD as e:
             raise WorkerDied(str(worker), e) from None
         except TimeoutError:
@@ -192,8 +195,8 @@ class Leg:
         except RayTaskError as e:
             raise ServeError(502, f"prefill failed on {worker}: {getattr(e, 'cause', e)}", type_="engine_error",
                              code="engine_error") from None
-        finally:
-            self._refs.discard(ref)
+        self._prefilling = None
+        return result
 
     async def _stream(self, gen: Any, worker: str | None, timeout: float,
                       first_timeout: bool = False) -> AsyncIterator[Any]:
@@ -238,10 +241,27 @@ class Leg:
             with contextlib.suppress(Exception):
                 ray.cancel(ref)
         self._refs.clear()
+        if self._prefilling is not None:
+            ref, decode = self._prefilling
+            self._prefilling = None
+            with contextlib.suppress(Exception):
+                ray.cancel(ref)
+            handle = self.svc.members.handle(decode) if decode else None
+            if handle is not None:
+                asyncio.ensure_future(_release_late(ref, handle))
         if self._unpulled is not None:
             handle, handoff = self._unpulled
             self._unpulled = None
             asyncio.ensure_future(_release(handle, handoff))
+
+
+async def _release_late(ref: Any, handle: Any) -> None:
+    """A cancelled prefill that finished anyway has pinned its KV for a decode that will never come."""
+    try:
+        result = await asyncio.wait_for(ref, timeout=RELEASE_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 - cancelled in time (the engine aborted it), or the worker is gone
+        return
+    await _release(handle, result.handoff)
 
 
 async def _release(handle: Any, handoff: KVHandoff) -> None:

@@ -73,3 +73,15 @@ def test_auto_device_follows_cluster():
     cfg = load_config(None)
     assert resolve_device(cfg, [{"gpus": 0}]).engine.device == "cpu"
     assert resolve_device(cfg, [{"gpus": 8}]).engine.device == "cuda"
+
+
+def test_fabric_check_runs_where_engines_can_sit_on_different_nodes() -> None:
+    from cluster.config import parse_config
+    from cluster.control.deploy import wants_fabric_check
+
+    one, two = [{"node_id": "a"}], [{"node_id": "a"}, {"node_id": "b"}]
+    auto = parse_config({})
+    assert auto.transfer.fabric_check == "auto"
+    assert not wants_fabric_check(auto, one) and wants_fabric_check(auto, two)
+    assert wants_fabric_check(parse_config({"transfer": {"fabric_check": True}}), one)
+    assert not wants_fabric_check(parse_config({"transfer": {"fabric_check": False}}), two)
