@@ -93,6 +93,37 @@ def transfer_env(cfg: TransferConfig, side_channel_port: int, device: str, node_
     return env
 
 
+def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    try:
+        with open(path, encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def side_channel_port(host: str = "127.0.0.1", tries: int = 64) -> int:
+    """A free port for an engine's NIXL side channel, below the kernel's ephemeral range.
+
+    NOTE: a port from `free_port()` is ephemeral: between our choice and the connector's bind (seconds later,
+    during engine start) the kernel may hand the same port to any socket bound to port 0, vLLM's own ZMQ
+    sockets in the same process among them ("Address already in use" killed the handshake listener and hung
+    the engine). Ports below the ephemeral range are never handed out that way."""
+    import random
+
+    high = _ephemeral_low() - 1
+    low = max(1024, high - 12000)
+    rng = random.Random()
+    for _ in range(tries):
+        port = rng.randint(low, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    return free_port(host)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free right now on ``host``. Each engine picks its own at start (and again on restart), so
     workers sharing a node never collide and a restarted worker never reuses a stale assignment."""

@@ -58,3 +58,20 @@ def test_handoff_flat_block_list():
     h = _handoff()
     h.kv_transfer_params["remote_block_ids"] = [1, 2]
     assert h.num_blocks == 2
+
+
+def test_side_channel_ports_come_from_below_the_ephemeral_range(tmp_path) -> None:
+    import socket
+
+    from kvtransfer import config
+
+    ports = {config.side_channel_port("127.0.0.1") for _ in range(20)}
+    low = config._ephemeral_low()
+    assert all(1024 <= p < low for p in ports) and len(ports) > 1
+    for p in ports:  # each was free when chosen
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
+    f = tmp_path / "range"
+    f.write_text("40000\t60999\n")
+    assert config._ephemeral_low(str(f)) == 40000
+    assert config._ephemeral_low(str(tmp_path / "missing")) == 32768

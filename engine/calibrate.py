@@ -1,0 +1,134 @@
+"""Measure a worker's own running engine for the router's latency model: a few prefills of different
+lengths and decode steps at a few batch sizes, through the same AsyncLLM path requests take.
+
+Machines of one kind differ (AVX-512 vs AVX2 CPUs: ~1.7x per prefill), so the router's model is fitted on
+the machine that serves (cluster/control/calibration.py) rather than read from a profile measured elsewhere.
+About 1,100 prompt tokens and ~50 decode steps in all: a few seconds on a small CPU, done in the background
+after the deployment is ready. Rows are what placement.profile_fit.fit_coefficients takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+import uuid
+from typing import Any, NamedTuple
+
+PREFILL_LENS = (32, 128, 256, 512)
+DECODE_BATCHES = (1, 4, 8)
+DECODE_CONTEXT = 96
+DECODE_STEPS = 6
+
+
+class Samples(NamedTuple):
+    prefill: list[tuple[float, float, float]]  # (tokens, sum of squared lengths, ms)
+    decode: list[tuple[float, float, float]]  # (batch, context tokens, ms)
+    seconds: float
+
+
+def _params(max_tokens: int) -> Any:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                          output_kind=RequestOutputKind.DELTA)
+
+
+def _prompt(n: int, salt: int, vocab: int) -> list[int]:
+    # NOTE: a fresh first token per prompt: no prefix-cache hit can shorten a measured prefill.
+    return [100 + (salt * 7919) % (vocab - 200)] + [100 + (salt * 31 + i * 104729) % (vocab - 200)
+                                                    for i in range(n - 1)]
+
+
+async def _run(host: Any, ids: list[int], max_tokens: int, stamps: list[float] | None = None) -> None:
+    rid = f"calib-{uuid.uuid4().hex[:8]}"
+    async for out in host._generate(rid, ids, _params(max_tokens)):
+        if stamps is not None and out.outputs and out.outputs[0].token_ids:
+            stamps.append(time.monotonic())
+
+
+async def measure(host: Any, vocab: int, prefill_lens: tuple[int, ...] = PREFILL_LENS,
+                  decode_batches: tuple[int, ...] = DECODE_BATCHES, context: int = DECODE_CONTEXT,
+                  steps: int = DECODE_STEPS, repeats: int = 2) -> Samples:
+    t0 = time.monotonic()
+    salt = int(time.time()) % 100_000
+    await _run(host, _prompt(16, salt, vocab), 2)  # NOTE: warm-up
+    prefill = []
+    for n in prefill_lens:
+        times = []
+        for r in range(repeats):
+            t = time.monotonic()
+            await _run(host, _prompt(n, salt + 13 * n + r, vocab), 1)
+            times.append((time.monotonic() - t) * 1e3)
+        prefill.append((float(n), float(n * n), min(times)))
+    decode = []
+    for b in decode_batches:
+        stamps: list[list[float]] = [[] for _ in range(b)]
+        await asyncio.gather(*(_run(host, _prompt(context, salt + 1000 * b + i, vocab), steps + 2, stamps[i])
+                               for i in range(b)))
+        # NOTE: steps after the last request's first token run the whole batch; the median resists spikes.
+        start = max(s[0] for s in stamps)
+        gaps = [y - x for x, y in zip(stamps[0], stamps[0][1:], strict=False) if x >= start]
+        if gaps:
+            decode.append((float(b), float(b * (context + 1 + steps / 2)), statistics.median(gaps) * 1e3))
+    return Samples(prefill, decode, time.monotonic() - t0)
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def machine_key(model_name: str, dtype: str, threads: int, device: str) -> str:
+    """One cache entry per CPU (or GPU) model, model, dtype, threads and vLLM version."""
+    import re
+
+    import vllm
+
+    hw = cpu_model() if device == "cpu" else _gpu_name()
+    raw = f"{model_name}-{dtype}-t{threads}-{device}-{hw}-vllm{vllm.__version__}"
+    return re.sub(r"[^A-Za-z0-9.]+", "-", raw).strip("-").lower()[:160]
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "gpu"
+
+
+def cache_path(key: str) -> Any:
+    from engine.models import cache_dir
+
+    return cache_dir() / "profiles" / f"{key}.json"
+
+
+def load_cached(key: str) -> Samples | None:
+    import json
+
+    path = cache_path(key)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return Samples([tuple(r) for r in data["prefill"]], [tuple(r) for r in data["decode"]],
+                       float(data["seconds"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store(key: str, samples: Samples) -> None:
+    """Written to a temporary file and renamed into place: never a half-written cache entry."""
+    import json
+    import os
+
+    path = cache_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(samples._asdict()), encoding="utf-8")
+    tmp.replace(path)
