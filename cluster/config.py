@@ -50,9 +50,11 @@ class SLOConfig(BaseModel):
 class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     policy: Literal["goodput", "least_loaded", "round_robin"] = Field(
-        "least_loaded", description="Routing policy (docs/router.md); goodput predicts TTFT/TPOT per pair")
+        "goodput", description="Routing policy (docs/router.md): goodput predicts TTFT/TPOT per pair and admits "
+                               "what can meet the SLO; least_loaded and round_robin admit everything")
     admission: Literal["queue", "reject", "best_effort"] = Field(
-        "queue", description="When no pair can meet the SLO: wait (bounded), 429, or serve anyway")
+        "queue", description="When no pair can meet the SLO: queue while the request's own TTFT budget can "
+                             "still be met (429 at once when it cannot), 429, or serve anyway")
     max_queue: int = Field(256, ge=0, description="Requests waiting for admission before 429s")
     queue_timeout_s: float = Field(30, gt=0, description="Max seconds a request waits for admission")
     stats_interval_s: float = Field(0.1, gt=0, le=5, description="Worker stats refresh period")
@@ -71,6 +73,15 @@ class RouterConfig(BaseModel):
         0.5, ge=0, le=1, description="goodput: admit only pairs at least this likely to meet both targets")
     ewma_alpha: float = Field(
         0.1, gt=0, le=1, description="goodput: weight of each observed/predicted sample in the corrections")
+    calibrate: bool = Field(
+        True, description="goodput with the bundled profile: fit the latency model on the serving machine, in "
+                          "the background once the endpoint is ready (cached per CPU/GPU model: "
+                          "~/.cache/saaf-infer/profiles)")
+
+    def calibrates(self) -> bool:
+        """Live calibration applies: goodput routing with no latency model the user chose."""
+        return (self.calibrate and self.policy == "goodput" and self.latency_profile is None
+                and self.latency_model is None)
 
     @model_validator(mode="after")
     def _latency_source(self) -> RouterConfig:

@@ -71,7 +71,8 @@ class DecodeWorker(EngineHost):
             decode_worker=self.worker_id,
             kv_blocks=h.num_blocks,
             kv_bytes=h.kv_bytes if outcome == "ok" else 0,
-            prompt_tokens=len(prompt_token_ids),
+            prompt_tokens=h.prompt_tokens,  # NOTE: the client's prompt; the decode request may also hold the
+            # first token the prefill engine sampled, whose KV the decode engine computes itself
             loaded_tokens=loaded,
             decode_computed_prompt_tokens=computed,
             transfer_wait_s=time.monotonic() - submitted,

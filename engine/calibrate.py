@@ -16,8 +16,9 @@ import uuid
 from typing import Any, NamedTuple
 
 PREFILL_LENS = (32, 128, 256, 512)
-DECODE_BATCHES = (1, 4, 8)
-DECODE_CONTEXT = 96
+# NOTE: (batch, context per request): the batch sizes alone would make context tokens proportional to the
+# batch, and the fit could not tell the per-token term from the per-sequence one.
+DECODE_POINTS = ((1, 96), (4, 96), (8, 96), (2, 640))
 DECODE_STEPS = 6
 
 
@@ -25,6 +26,7 @@ class Samples(NamedTuple):
     prefill: list[tuple[float, float, float]]  # (tokens, sum of squared lengths, ms)
     decode: list[tuple[float, float, float]]  # (batch, context tokens, ms)
     seconds: float
+    clean: bool = True  # no serving traffic overlapped a sample (only clean samples are cached)
 
 
 def _params(max_tokens: int) -> Any:
@@ -41,6 +43,23 @@ def _prompt(n: int, salt: int, vocab: int) -> list[int]:
                                                     for i in range(n - 1)]
 
 
+QUIET_WAIT_S = 20.0  # how long one sample waits for the engine to have no other requests
+
+
+def _quiet(host: Any) -> bool:
+    """Only our own requests on the engine (serving traffic would inflate every sample)."""
+    return all(r.startswith("calib-") for r in (*host._pending, *host._running_ctx))
+
+
+async def _until_quiet(host: Any) -> bool:
+    deadline = time.monotonic() + QUIET_WAIT_S
+    while not _quiet(host):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
 async def _run(host: Any, ids: list[int], max_tokens: int, stamps: list[float] | None = None) -> None:
     rid = f"calib-{uuid.uuid4().hex[:8]}"
     async for out in host._generate(rid, ids, _params(max_tokens)):
@@ -49,21 +68,31 @@ async def _run(host: Any, ids: list[int], max_tokens: int, stamps: list[float] |
 
 
 async def measure(host: Any, vocab: int, prefill_lens: tuple[int, ...] = PREFILL_LENS,
-                  decode_batches: tuple[int, ...] = DECODE_BATCHES, context: int = DECODE_CONTEXT,
-                  steps: int = DECODE_STEPS, repeats: int = 2) -> Samples:
+                  decode_points: tuple[tuple[int, int], ...] = DECODE_POINTS, steps: int = DECODE_STEPS,
+                  repeats: int = 2) -> Samples:
     t0 = time.monotonic()
+    room = getattr(host, "max_model_len", 1 << 30) - steps - 4
+    prefill_lens = tuple(n for n in prefill_lens if n <= room) or (min(16, room),)
+    decode_points = tuple((b, c) for b, c in decode_points if c <= room) or ((1, min(16, room)),)
     salt = int(time.time()) % 100_000
     await _run(host, _prompt(16, salt, vocab), 2)  # NOTE: warm-up
+    clean = True
     prefill = []
     for n in prefill_lens:
         times = []
-        for r in range(repeats):
+        for r in range(repeats + 2):  # NOTE: two spare tries for samples that traffic overlapped
+            if len(times) == repeats:
+                break
+            quiet = await _until_quiet(host)
             t = time.monotonic()
             await _run(host, _prompt(n, salt + 13 * n + r, vocab), 1)
-            times.append((time.monotonic() - t) * 1e3)
+            if quiet and _quiet(host) or r >= repeats + 1:
+                times.append((time.monotonic() - t) * 1e3)
+                clean = clean and quiet and _quiet(host)
         prefill.append((float(n), float(n * n), min(times)))
     decode = []
-    for b in decode_batches:
+    for b, context in decode_points:
+        clean = await _until_quiet(host) and clean
         stamps: list[list[float]] = [[] for _ in range(b)]
         await asyncio.gather(*(_run(host, _prompt(context, salt + 1000 * b + i, vocab), steps + 2, stamps[i])
                                for i in range(b)))
@@ -72,7 +101,8 @@ async def measure(host: Any, vocab: int, prefill_lens: tuple[int, ...] = PREFILL
         gaps = [y - x for x, y in zip(stamps[0], stamps[0][1:], strict=False) if x >= start]
         if gaps:
             decode.append((float(b), float(b * (context + 1 + steps / 2)), statistics.median(gaps) * 1e3))
-    return Samples(prefill, decode, time.monotonic() - t0)
+        clean = clean and _quiet(host)
+    return Samples(prefill, decode, time.monotonic() - t0, clean)
 
 
 def cpu_model() -> str:
@@ -117,7 +147,7 @@ def load_cached(key: str) -> Samples | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         return Samples([tuple(r) for r in data["prefill"]], [tuple(r) for r in data["decode"]],
-                       float(data["seconds"]))
+                       float(data["seconds"]), bool(data.get("clean", True)))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

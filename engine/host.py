@@ -52,6 +52,7 @@ class EngineHost:
         self._pending: dict[str, int] = {}  # request id -> prompt tokens, until first output
         self._running_ctx: dict[str, int] = {}  # request id -> context tokens, while decoding
         self._started = time.monotonic()
+        self._calib_lock = asyncio.Lock()
         import ray
 
         self.node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
@@ -165,6 +166,27 @@ class EngineHost:
 
     def totals_snapshot(self) -> dict[str, Any]:
         return self.totals.snapshot()
+
+    async def calibration_samples(self) -> tuple[Any, str, str]:
+        """(Samples, source, cache key) for the router's latency model: from this node's cache for this
+        CPU/GPU model, engine and vLLM version, or measured on this engine now and cached
+        (engine/calibrate.py). One measurement at a time per worker."""
+        from engine import calibrate
+
+        vc = self.engine.vllm_config
+        key = calibrate.machine_key(self.model_name, str(vc.model_config.dtype).removeprefix("torch."),
+                                    self.cfg.cpu_threads if self.device == "cpu" else vc.parallel_config.tensor_parallel_size,
+                                    self.device)
+        async with self._calib_lock:
+            cached = calibrate.load_cached(key)
+            if cached is not None:
+                return cached, "cache", key
+            samples = await calibrate.measure(self, vc.model_config.get_vocab_size())
+            if samples.clean:  # NOTE: samples that serving traffic overlapped serve now but are not cached
+                calibrate.store(key, samples)
+            logger.info("%s: latency samples measured in %.1fs (%s)", self.worker_id, samples.seconds,
+                        f"cached as {key}" if samples.clean else "traffic overlapped them: not cached")
+            return samples, f"measured on {self.worker_id}", key
 
     async def check_health(self) -> bool:
         await asyncio.wait_for(self.engine.check_health(), timeout=10)

@@ -46,6 +46,9 @@ def kv_transfer_kwargs(role: Role, engine_id: str, device: str, cfg: TransferCon
     """Keyword arguments for ``vllm.config.KVTransferConfig`` for one engine."""
     return {
         "kv_connector": cfg.connector,
+        # NOTE: vLLM's NixlConnector with the decode side's pull capped at what the prefill computed
+        # (kvtransfer/connector.py), so decoding can continue from prompt + the prefill's first token.
+        "kv_connector_module_path": "kvtransfer.connector",
         "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
         "engine_id": engine_id,
         # NOTE: on CPU the KV cache itself is DRAM, registered with NIXL directly; on GPU it is VRAM.

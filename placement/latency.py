@@ -244,6 +244,15 @@ class LatencyModel:
                    cross_node_bps=cross_node_gbps * 1e9, transfer_latency_s=transfer_latency_s,
                    label="regression")
 
+    def refitted(self, coeffs: Coefficients, label: str) -> LatencyModel:
+        """This instance with its compute terms replaced by DistServe coefficients measured on the instance
+        itself (at its own tp: no scaling); KV size, capacity and network stay."""
+        return LatencyModel(_regression_terms(coeffs, 1, 1.0, 0.0), tp=self.tp, pp=self.pp,
+                            kv_bytes_per_token=self._kvb, kv_capacity_tokens=self._kv_cap,
+                            same_node_bps=self._same_bps, cross_node_bps=self._cross_bps,
+                            transfer_latency_s=self.transfer_latency_s, label=label,
+                            request_overhead_s=self.request_overhead_s)
+
     @classmethod
     def from_profile(cls, path: str | Path) -> LatencyModel:
         """The model measured by `python -m benchmarks.profile` (see placement.profile_io)."""

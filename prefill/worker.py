@@ -29,16 +29,22 @@ class PrefillResult(NamedTuple):
 class PrefillWorker(EngineHost):
     role = "prefill"
 
-    async def prefill(self, request_id: str, prompt_token_ids: list[int], params: Any) -> PrefillResult:
+    async def prefill(self, request_id: str, prompt_token_ids: list[int], params: Any,
+                      sample_first: bool = True) -> PrefillResult:
         """Run the prompt to one token with vLLM ``SamplingParams`` ``params`` (n=1). The prompt's KV stays
         pinned here until the decode worker pulls it, it is released, or the lease
-        (TransferConfig.kv_lease_s) runs out."""
+        (TransferConfig.kv_lease_s) runs out.
+
+        ``sample_first``: the first token is the client's (sampled with the request's own parameters and
+        logprobs; EOS only once min_tokens allows). Otherwise the decode engine samples it again and only the
+        prompt logprobs (computed here, where the prompt runs) are wanted from this leg."""
         t0 = time.monotonic()
         extra = dict(params.extra_args or {}, kv_transfer_params=dict(_REMOTE_DECODE))
-        # NOTE: the decode engine samples the output, structured output included; only prompt logprobs
-        # (computed here, where the prompt runs) are wanted from this leg.
-        p = delta_params(params, max_tokens=1, min_tokens=0, n=1, structured_outputs=None, logprobs=None,
-                         extra_args=extra)
+        if sample_first:
+            p = delta_params(params, max_tokens=1, min_tokens=min(1, params.min_tokens), n=1, extra_args=extra)
+        else:
+            p = delta_params(params, max_tokens=1, min_tokens=0, n=1, structured_outputs=None, logprobs=None,
+                             extra_args=extra)
         last = None
         async for out in self._generate(request_id, prompt_token_ids, p):
             last = out if last is None else _merged(last, out)

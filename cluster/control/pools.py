@@ -44,6 +44,7 @@ class PoolController:
         self.version = 0
         self.events: list[dict[str, Any]] = []  # health replacements, for status and the fault matrix
         self._health_task: asyncio.Task | None = None
+        self._calibration: asyncio.Task | None = None
 
     def engine_for(self, role: str):
         """The engine config of one pool: the shared one with the pool's TP/PP from the plan, if any."""
@@ -224,6 +225,32 @@ class PoolController:
             (wid, w["role"], w["handle"], w["info"]) for wid, w in self.workers.items() if w["state"] == "ready"
         ]
 
+    # ---- the router's latency model, fitted on these workers (cluster/control/calibration.py) ---------
+    async def calibrate(self) -> None:
+        """Start the calibration once (an ingress replica whose router wants it asks when it is ready);
+        idempotent."""
+        if self._calibration is not None:
+            return
+        ready = {w["role"]: w["handle"] for w in self.workers.values() if w["state"] == "ready"}
+        if self.cfg.mode == "colocated":
+            pair = (ready.get("colocated"), None)
+        else:
+            pair = (ready.get("prefill"), ready.get("decode"))
+        if pair[0] is None or (self.cfg.mode != "colocated" and pair[1] is None):
+            return
+        from cluster.control.calibration import calibrate
+
+        self._calibration = asyncio.get_running_loop().create_task(calibrate(*pair))
+
+    def calibration(self) -> Any:
+        """The Calibration once done; None while it runs (or never started); the error text if it failed."""
+        t = self._calibration
+        if t is None or not t.done():
+            return None
+        if t.cancelled() or t.exception() is not None:
+            return f"calibration failed: {t.exception() if not t.cancelled() else 'cancelled'}"
+        return t.result()
+
     def describe(self) -> list[dict[str, Any]]:
         return [{"worker_id": wid, "role": w["role"], "state": w["state"], "info": w["info"],
                  "placement_group": w["pg"].id.hex(), "pinned_node": w["node"], "bundles": w["bundles"]}
@@ -272,7 +299,8 @@ class PoolController:
         remove_group(w["pg"])
 
     async def shutdown(self) -> None:
-        if self._health_task is not None:
-            self._health_task.cancel()
+        for t in (self._health_task, self._calibration):
+            if t is not None:
+                t.cancel()
         await asyncio.gather(*(self._stop(wid) for wid in list(self.workers)))
         self.version += 1

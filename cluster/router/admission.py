@@ -1,5 +1,6 @@
-"""Admission: ask the policy for a route; when it says no, queue (bounded), refuse with 429, or serve
-anyway, as `router.admission` says. Also waits (bounded) for a pool that has no healthy worker."""
+"""Admission: ask the policy for a route; when it says no, queue (only while the request's own TTFT budget
+can still be met, bounded), refuse with 429, or serve anyway, as `router.admission` says. Also waits
+(bounded) for a pool that has no healthy worker."""
 
 from __future__ import annotations
 
@@ -49,7 +50,10 @@ class Admission:
                 d = self.policy(req._replace(ttft_slo_s=req.ttft_slo_s - waited), prefill, decode)
                 if d.admit or must_admit or rc.admission == "best_effort":
                     return d._replace(admit=True)
-                if rc.admission == "reject":
+                budget = req.ttft_slo_s - waited
+                # NOTE: queue only while waiting can help: a TTFT that is predicted past the budget even
+                # counting the queue ahead only grows by waiting; refused now, the client can go elsewhere.
+                if rc.admission == "reject" or (d.predicted_ttft_s is not None and d.predicted_ttft_s > budget):
                     raise rate_limited(f"no worker can meet the SLO now ({d.reason}); retry later",
                                        code="slo_unattainable")
                 if not queued:

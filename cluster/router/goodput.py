@@ -36,6 +36,7 @@ from placement.latency import LatencyModel
 
 if TYPE_CHECKING:
     from cluster.config import RouterConfig, SLOConfig
+    from placement.config import Coefficients
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +99,22 @@ class GoodputPolicy(Policy):
             kwargs.setdefault("decode_latency", latency_from_config(router_cfg, decode_tp))
         logger.info("goodput router: prefill %r, decode %r", lat, kwargs.get("decode_latency", lat))
         return cls(lat, **kwargs)
+
+    def calibrate(self, coeffs: Coefficients) -> None:
+        """Swap in a latency model fitted on the serving machine (cluster/control/calibration.py). The online
+        corrections were learnt against the old model: they start again from 1."""
+        self.latency = self.latency.refitted(coeffs, "calibrated")
+        self.decode_latency = self.decode_latency.refitted(coeffs, "calibrated")
+        for st in self.states.values():
+            st.ttft_ratio = st.tpot_ratio = 1.0
+            st.dr = st.step_ratio
+            st.pstats = st.dstats = None  # NOTE: their cached prediction terms came from the old model
+        logger.info("goodput router: latency model calibrated on this machine: %s", coeffs)
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy": "goodput", "latency_model": self.latency.label,
+                "corrections": {w: {"ttft": round(s.ttft_ratio, 3), "tpot": round(s.tpot_ratio, 3)}
+                                for w, s in self.states.items()}}
 
     def p_meet(self, target: float, predicted: float) -> float:
         """P(actual <= target) when actual = predicted x lognormal(0, sigma)."""

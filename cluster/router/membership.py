@@ -44,6 +44,8 @@ class Membership:
         self._busy = busy
         self._on_pool_sizes = on_pool_sizes or (lambda role, n: None)
         self._on_stats = on_stats or (lambda s: None)
+        self._on_calibration: Callable[[Any], None] | None = None
+        self.calibration: Any = None  # the controller's Calibration (or its failure text) once published
         self.handles: dict[str, Any] = {}
         self.roles: dict[str, str] = {}
         self.stats: dict[str, WorkerStats] = {}
@@ -58,6 +60,11 @@ class Membership:
     def stop(self) -> None:
         for t in self._tasks:
             t.cancel()
+
+    def enable_calibration(self, on_calibration: Callable[[Any], None]) -> None:
+        """From now on (the replica serves; its own start-up no longer competes for CPU) ask the controller
+        for the latency model's calibration and hand it to `on_calibration` once published."""
+        self._on_calibration = on_calibration
 
     def wake(self) -> None:
         self._wake.set()
@@ -81,10 +88,24 @@ class Membership:
         for role in ("prefill", "decode", "colocated"):
             self._on_pool_sizes(role, sum(r == role for r in self.roles.values()))
 
+    async def refresh_calibration(self) -> None:
+        """Ask the controller to calibrate (idempotent) until it publishes the result; then hand it on."""
+        if self._on_calibration is None or self.calibration is not None or not self.ready():
+            return
+        await asyncio.wait_for(self.controller.calibrate.remote(), timeout=MEMBERS_TIMEOUT_S)
+        cal = await asyncio.wait_for(self.controller.calibration.remote(), timeout=MEMBERS_TIMEOUT_S)
+        if cal is not None:
+            self.calibration = cal
+            if isinstance(cal, str):
+                logger.warning("%s; the router keeps the bundled latency profile", cal)
+            else:
+                self._on_calibration(cal)
+
     async def _members_loop(self) -> None:
         while True:
             try:
                 await self.refresh_members()
+                await self.refresh_calibration()
             except Exception as e:  # noqa: BLE001 - keep refreshing; the controller may restart
                 logger.warning("membership refresh failed: %s", e)
             await asyncio.sleep(1.0 if self.ready() else 0.2)  # NOTE: faster until both pools answer

@@ -30,6 +30,7 @@ class RouteDecision(NamedTuple):
     predicted_ttft_s: float | None = None
     predicted_tpot_s: float | None = None
     p_slo: float | None = None  # predicted probability of meeting both targets (goodput policy)
+    local: bool = False  # prefill on the decode worker itself (no KV transfer); `prefill` is then None
 
 
 class Policy(ABC):
@@ -52,6 +53,10 @@ class Policy(ABC):
     def observe(self, decision: RouteDecision, req: RouteRequest,  # noqa: B027 - optional hook
                 ttft_s: float, tpot_s: float | None) -> None:
         """Feedback after a request (measured TTFT from routing, TPOT or None for one token)."""
+
+    def describe(self) -> dict[str, Any]:
+        """What /v1/stats shows of the policy."""
+        return {"policy": type(self).__name__}
 
     def __call__(self, req: RouteRequest, prefill: Sequence[WorkerStats],
                  decode: Sequence[WorkerStats]) -> RouteDecision:

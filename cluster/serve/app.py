@@ -71,6 +71,8 @@ class Ingress:
         t_app = time.monotonic()
         self.http_app = await build_app(self.client, frontend.args, health=self._health, metrics=self.metrics.render,
                                    stats=self._stats)
+        if cfg.router.calibrates() and hasattr(self.svc.admission.policy, "calibrate"):
+            self.svc.members.enable_calibration(lambda cal: self.svc.admission.policy.calibrate(cal.coefficients))
         logger.info("ingress ready in %.1fs (imports %.1fs, vLLM frontend %.1fs, app %.1fs)", time.monotonic() - t0,
                     t_frontend - t0, t_app - t_frontend, time.monotonic() - t_app)
         self._server: asyncio.Task | None = None
@@ -88,8 +90,13 @@ class Ingress:
         return (200 if ready else 503), {"status": status, "workers": self.svc.members.summary()}
 
     def _stats(self) -> dict:
+        cal = self.svc.members.calibration
         return {"workers": self.svc.members.summary(), "transfers": self.svc.transfers.records(),
-                "queued": self.svc.admission.queued, "inflight": self.client.inflight}
+                "queued": self.svc.admission.queued, "inflight": self.client.inflight,
+                "router": self.svc.admission.policy.describe(),
+                "calibration": None if cal is None else {"error": cal} if isinstance(cal, str) else {
+                    "source": cal.source, "key": cal.key, "at": cal.at, "prefill_r2": cal.prefill_r2,
+                    "decode_r2": cal.decode_r2, "coefficients": cal.coefficients.model_dump()}}
 
     async def check_health(self) -> None:
         """Serve's replica health check: a replica whose own HTTP server died is replaced."""

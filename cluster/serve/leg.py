@@ -58,6 +58,17 @@ def _timeout(what: str, seconds: float) -> ServeError:
     return ServeError(504, f"{what} exceeded {seconds:.0f}s; request aborted", type_="timeout", code="timeout")
 
 
+def first_token_carries(params: Any) -> bool:
+    """Can the prefill engine's first token be the client's, with decoding continuing from prompt + token?
+
+    Not when sampling state would not carry over to the decode engine, which sees the token as part of its
+    prompt: a grammar (structured output, tool choice), output-count penalties, a seed (its RNG stream),
+    stop strings (one could span the first two tokens) and bad words (multi-token sequences). Those keep
+    the regenerate path: the decode engine samples token 1 itself, so the whole output is its own."""
+    return (params.structured_outputs is None and not params.frequency_penalty and not params.presence_penalty
+            and params.seed is None and not params.stop and not params.bad_words)
+
+
 def _movable(params: Any) -> bool:
     """Can decoding continue elsewhere from prompt + streamed tokens and sample what it would have?
     Not with a grammar (its state is not carried), output-count penalties or a seed (its RNG stream)."""
@@ -154,35 +165,57 @@ class Leg:
 
     async def _attempt(self, rid: str, ids: list[int], params: Any, dec: RouteDecision) -> AsyncIterator[Any]:
         sc = self.svc.cfg.serve
-        if self.svc.cfg.mode == "colocated" or params.max_tokens == 1:
-            wid = dec.decode if self.svc.cfg.mode == "colocated" else dec.prefill
+        if self.svc.cfg.mode == "colocated" or dec.local or params.max_tokens == 1:
+            # NOTE: one engine runs it all: colocated mode, a local prefill on the decode worker the router
+            # chose, or a single token (the prefill worker alone).
+            wid = dec.prefill if self.svc.cfg.mode != "colocated" and not dec.local else dec.decode
             gen = self._handle(wid).generate_stream.options(num_returns="streaming").remote(rid, ids, params)
             async for out in self._stream(gen, wid, sc.token_timeout_s):
                 yield out
             return
-        pre = await self._prefill(dec.prefill, rid, ids, params, dec.decode)
+        carry = first_token_carries(params)
+        pre = await self._prefill(dec.prefill, rid, ids, params, dec.decode, carry)
         self.svc.metrics.prefill.observe(pre.handoff.prefill_s)
         handle = self._handle(dec.decode)
+        first = pre.output
+        c = first.outputs[0]
+        dec_ids, dec_params = ids, params
+        if carry and c.token_ids and c.text:
+            # NOTE: the client gets the prefill engine's first token now; the decode engine continues from
+            # prompt + that token (its pull capped at what the prefill computed: kvtransfer/connector.py).
+            if c.finish_reason == "length":  # our one-token cap, not the request's end
+                c.finish_reason, c.stop_reason, first.finished = None, None, False
+            first.num_cached_tokens = pre.handoff.cached_tokens
+            yield first
+            if first.finished:  # EOS or a stop token: nothing left for a decode engine
+                asyncio.ensure_future(_release(handle, pre.handoff))
+                return
+            dec_ids = ids + list(c.token_ids)
+            dec_params = params.clone()
+            dec_params.max_tokens = params.max_tokens - len(c.token_ids)
+            dec_params.min_tokens = max(0, params.min_tokens - len(c.token_ids))
+            dec_params.prompt_logprobs = None
+            first = None
         self._unpulled = (handle, pre.handoff)
-        gen = handle.decode_stream.options(num_returns="streaming").remote(rid, ids, params, pre.handoff)
-        first = True
+        gen = handle.decode_stream.options(num_returns="streaming").remote(rid, dec_ids, dec_params, pre.handoff)
         async for item in self._stream(gen, dec.decode, self.svc.cfg.transfer.transfer_timeout_s + sc.token_timeout_s,
                                        first_timeout=True):
             if isinstance(item, TransferTelemetry):
                 self._unpulled = None
                 self.svc.transfers.record(item)
                 continue
-            if first:
-                first = False
-                item.prompt_logprobs = pre.output.prompt_logprobs
+            if first is not None:  # NOTE: the decode engine sampled token 1 itself (regenerate path)
+                item.prompt_logprobs = first.prompt_logprobs
+                first = None
             # NOTE: the decode engine counts the prompt it loaded over NIXL as "cached"; the client's
             # cached-token count is the prefill engine's prefix-cache hit, as on one engine.
             item.num_cached_tokens = pre.handoff.cached_tokens
+            item.prompt_token_ids = ids
             yield item
 
-    async def _prefill(self, worker: str | None, rid: str, ids: list[int], params: Any, decode: str | None
-                       ) -> Any:
-        ref = self._handle(worker).prefill.remote(rid, ids, params)
+    async def _prefill(self, worker: str | None, rid: str, ids: list[int], params: Any, decode: str | None,
+                       sample_first: bool) -> Any:
+        ref = self._handle(worker).prefill.remote(rid, ids, params, sample_first)
         # NOTE: until the result is here, close() cancels the task and releases a handoff that raced it.
         self._prefilling = (ref, decode)
         left = self._left()

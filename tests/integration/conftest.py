@@ -39,6 +39,9 @@ def deployment(ray_session):
         "engine": {"model": "smollm2", "kv_cache_mib": 128, "max_model_len": 1024},
         "pools": {"prefill": 1, "decode": 1},
         "transfer": {"transfer_timeout_s": 20, "kv_lease_s": 10},
+        # NOTE: admission off here (the default is goodput with admission): these tests compare outputs and
+        # faults and must see every request served; test_admission runs a goodput ingress on these pools.
+        "router": {"policy": "least_loaded"},
         "serve": {"port": free_port(), "request_timeout_s": 120, "token_timeout_s": 60,
                   "vllm_args": TOOL_ARGS},
         "ray": {"namespace": "saaf-test"},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,12 +25,22 @@ def _prompts(seed: int, lengths: list[int]) -> list[list[int]]:
             for k, (i, n) in enumerate(enumerate(lengths))]
 
 
-def _complete(endpoint: str, model: str, prompt: list[int], max_tokens: int) -> list[int]:
-    r = httpx.post(f"{endpoint}/v1/completions", timeout=180, json={
-        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-        "return_token_ids": True})
-    assert r.status_code == 200, r.text
-    return r.json()["choices"][0]["token_ids"]
+def _complete(endpoint: str, model: str, prompt: list[int], max_tokens: int, stream: bool = False) -> list[int]:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True, "stream": stream}
+    if not stream:
+        r = httpx.post(f"{endpoint}/v1/completions", timeout=180, json=body)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["token_ids"]
+    ids: list[int] = []
+    with httpx.stream("POST", f"{endpoint}/v1/completions", timeout=180, json=body) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                assert "error" not in chunk, chunk
+                ids += [t for c in chunk["choices"] for t in (c.get("token_ids") or [])]
+    return ids
 
 
 def _colocated(worker, prompt: list[int], max_tokens: int, rid: str) -> list[int]:
@@ -40,14 +51,17 @@ def _decode_handle(workers):
     return next(h for role, h in workers.values() if role == "decode")
 
 
-def test_disaggregated_equals_colocated_8_concurrent(endpoint, model_name, colocated_worker, workers):
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_disaggregated_equals_colocated_8_concurrent(endpoint, model_name, colocated_worker, workers, stream):
+    """The first token comes from the prefill engine; decoding continues from prompt + that token on the decode
+    engine, whose pull is capped at what the prefill computed (exact block multiples included)."""
     lengths = [1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 5, 2, BLOCK * 2, 700]
-    prompts = _prompts(11, lengths)
+    prompts = _prompts(11 + stream, lengths)
     d = _decode_handle(workers)
     before = ray.get(d.transfer_counters.remote(), timeout=30)
     t_start = time.time()
     with ThreadPoolExecutor(8) as pool:
-        got = list(pool.map(lambda p: _complete(endpoint, model_name, p, 16), prompts))
+        got = list(pool.map(lambda p: _complete(endpoint, model_name, p, 16, stream), prompts))
     want = [_colocated(colocated_worker, p, 16, f"colo-{i}") for i, p in enumerate(prompts)]
     for n, g, w in zip(lengths, got, want, strict=True):
         assert g == w, f"prompt of {n} tokens: disaggregated {g} != colocated {w}"

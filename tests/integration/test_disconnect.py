@@ -19,6 +19,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 FREE_BOUND_S = 8.0  # < the session deployment's kv_lease_s (10): a leaked prefill pin would show
+PREFILL_FREE_S = 1.0  # a client that leaves before decoding starts frees the prefill engine's KV this fast
 
 
 def _stats(workers) -> dict:
@@ -47,6 +48,14 @@ def _wait(workers, pred, bound_s: float, what: str) -> float:
 def _busy(role: str, workers):
     def pred(stats: dict) -> bool:
         return any(workers[w][0] == role and (s.running or s.waiting) for w, s in stats.items())
+
+    return pred
+
+
+def _prefill_free(workers):
+    def pred(stats: dict) -> bool:
+        return all(s.kv_usage == 0 and not s.running and not s.waiting
+                   for w, s in stats.items() if workers[w][0] == "prefill")
 
     return pred
 
@@ -113,8 +122,27 @@ def test_disconnect_during_prefill_cancels_the_request(endpoint, model_name, idl
         _wait(workers, _busy("prefill", workers), 30, "prefill engine busy")
     finally:
         s.close()
+    kv = _wait(workers, _prefill_free(workers), PREFILL_FREE_S, "prefill KV freed after a hang-up during prefill")
     took = _wait(workers, _idle, FREE_BOUND_S, "engines idle after the client hung up during prefill")
-    print(f"freed {took:.2f}s after the disconnect")
+    print(f"prefill KV freed {kv:.2f}s, all idle {took:.2f}s after the disconnect")
+    _good_request(endpoint, model_name)
+
+
+def test_disconnect_between_prefill_and_decode_frees_the_prefill_kv(endpoint, model_name, idle_workers):
+    """Hang up on the first token (it comes from the prefill engine, while the decode engine is only about to
+    pull the KV): the handoff is released or pulled and dropped, not left pinned until its lease."""
+    workers = idle_workers
+    prompt = [(i * 104729) % 40_000 + 100 for i in range(700)]
+    s = _open(endpoint, "/v1/completions", {"model": model_name, "prompt": prompt, "max_tokens": 300,
+                                            "ignore_eos": True, "stream": True})
+    try:
+        head = _read_events(s, 1)
+        assert b" 200 " in head.split(b"\r\n", 1)[0], head[:200]
+    finally:
+        s.close()
+    kv = _wait(workers, _prefill_free(workers), PREFILL_FREE_S, "prefill KV freed after a hang-up on token 1")
+    took = _wait(workers, _idle, FREE_BOUND_S, "engines idle after the client hung up on the first token")
+    print(f"prefill KV freed {kv:.2f}s, all idle {took:.2f}s after the disconnect")
     _good_request(endpoint, model_name)
 
 

@@ -83,7 +83,10 @@ def _cap_tokens(path: str, body: Any, small: int) -> Any:
         req = PATHS[path].model_validate(body)
     except Exception:  # noqa: BLE001 - invalid anyway: the server must say so with a 4xx
         return body
-    asked = getattr(req, "max_completion_tokens", None) or req.max_tokens
+    # NOTE: only where the schema has the field: an unknown one is kept as a pydantic extra (and ignored by
+    # the server, as vLLM's own does), so getattr would read a cap the server never applies.
+    own = "max_completion_tokens" in type(req).model_fields
+    asked = (req.max_completion_tokens if own else None) or req.max_tokens
     if asked is None or asked > MAX_TOKENS:
         body = dict(body, max_tokens=small)
         body.pop("max_completion_tokens", None)

@@ -51,35 +51,57 @@ def test_best_effort_serves_on_the_best_pair() -> None:
     assert d.admit and (d.prefill, d.decode) == ("p0", "d0") and d.p_slo < 0.5
 
 
-def test_queue_waits_for_capacity_then_admits() -> None:
-    rs = routing("queue", queue_timeout_s=5.0)
-    # Hopeless behind 4,000 queued tokens, feasible once they drain (with the 0.12 s already waited).
-    req = HOPELESS._replace(ttft_slo_s=2.0)
-
-    async def scenario():
-        task = asyncio.create_task(rs.route(req))
-        await asyncio.sleep(0.12)
-        assert not task.done() and rs.queued == 1
-        rs.stats["p0"] = prefill(0)  # the prefill queue drained
-        return await asyncio.wait_for(task, 2.0)
-
-    d = asyncio.run(scenario())
-    assert d.admit and d.prefill == "p0" and rs.queued == 0
+def busy_decode(running: int) -> WorkerStats:
+    return WorkerStats("d0", "decode", "", 0, running, 0, 30 * running, 0.5, 5760, (), True, time.time())
 
 
-def test_queue_gives_up_once_the_ttft_target_has_passed() -> None:
+# A short prompt on an idle prefill engine (its TTFT is easily met) whose decode engine is too busy for the
+# TPOT target: waiting can help here, unlike behind a prefill queue.
+TPOT_BOUND = RouteRequest(prompt_tokens=50, max_tokens=32, ttft_slo_s=1.0, tpot_slo_s=0.2)
+
+
+def tpot_bound(admission: str, **router: float) -> Routing:
+    rs = routing(admission, **router)
+    rs.stats["p0"], rs.stats["d0"] = prefill(0), busy_decode(150)
+    return rs
+
+
+def test_queue_refuses_at_once_when_waiting_cannot_meet_the_ttft() -> None:
     rs = routing("queue", queue_timeout_s=30.0)
     t0 = time.monotonic()
     with pytest.raises(APIError) as e:
-        asyncio.run(rs.route(HOPELESS))
-    assert e.value.status == 429 and "passed while queued" in e.value.message
-    assert 1.0 <= time.monotonic() - t0 < 2.0 and rs.queued == 0
+        asyncio.run(rs.route(HOPELESS))  # behind 4,000 queued prompt tokens: the TTFT only grows by waiting
+    assert e.value.status == 429 and e.value.code == "slo_unattainable" and "TTFT" in e.value.message
+    assert time.monotonic() - t0 < 0.2 and rs.queued == 0
+
+
+def test_queue_waits_while_the_budget_holds_then_admits() -> None:
+    rs = tpot_bound("queue", queue_timeout_s=5.0)
+
+    async def scenario():
+        task = asyncio.create_task(rs.route(TPOT_BOUND))
+        await asyncio.sleep(0.12)
+        assert not task.done() and rs.queued == 1
+        rs.stats["d0"] = busy_decode(2)  # the decode batch finished
+        return await asyncio.wait_for(task, 2.0)
+
+    d = asyncio.run(scenario())
+    assert d.admit and (d.prefill, d.decode) == ("p0", "d0") and rs.queued == 0
+
+
+def test_queue_gives_up_once_the_ttft_target_has_passed() -> None:
+    rs = tpot_bound("queue", queue_timeout_s=30.0)
+    t0 = time.monotonic()
+    with pytest.raises(APIError) as e:
+        asyncio.run(rs.route(TPOT_BOUND))
+    assert e.value.status == 429 and e.value.code == "slo_unattainable", e.value.message
+    assert 0.5 <= time.monotonic() - t0 < 1.5 and rs.queued == 0
 
 
 def test_queue_gives_up_at_the_deadline() -> None:
-    rs = routing("queue", queue_timeout_s=0.2)
+    rs = tpot_bound("queue", queue_timeout_s=0.2)
     t0 = time.monotonic()
     with pytest.raises(APIError) as e:
-        asyncio.run(rs.route(HOPELESS))
+        asyncio.run(rs.route(TPOT_BOUND))
     assert e.value.status == 429 and "not admitted within" in e.value.message
     assert 0.2 <= time.monotonic() - t0 < 1.0 and rs.queued == 0

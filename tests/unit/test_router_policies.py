@@ -54,7 +54,8 @@ def test_latency_model_sources() -> None:
 
 
 def test_router_config_validation_names_the_fields() -> None:
-    assert RouterConfig().policy == "least_loaded" and RouterConfig().latency_profile is None  # defaults unchanged
+    cfg = RouterConfig()  # the defaults: goodput with admission, calibrated on the serving machine
+    assert (cfg.policy, cfg.admission, cfg.latency_profile, cfg.calibrates()) == ("goodput", "queue", None, True)
     with pytest.raises(ConfigError, match="latency_model and latency_hardware"):
         parse_config({"router": {"latency_model": "llama-3.1-8b"}})
     with pytest.raises(ConfigError, match="not both"):

@@ -1,0 +1,111 @@
+"""The router's latency model fitted on the serving machine: the fit (placement.profile_fit), the swap in
+the goodput policy, the quiet-engine rule of the sampler (engine/calibrate.py) and its cache files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from cluster.config import RouterConfig, SLOConfig
+from cluster.control.calibration import calibrate
+from cluster.router import RouteRequest, make_policy
+from engine import calibrate as sampler
+from engine.stats import WorkerStats
+from placement.profile_fit import fit_coefficients
+
+TRUE = dict(prefill_a=2.5, prefill_b=0.0004, prefill_c=60.0, decode_a=0.01, decode_b=4.0, decode_c=50.0)
+
+
+def synthetic() -> sampler.Samples:
+    pre = [(n, n * n, TRUE["prefill_a"] * n + TRUE["prefill_b"] * n * n + TRUE["prefill_c"]) for n in (32, 128, 256, 512)]
+    dec = [(b, b * c, TRUE["decode_a"] * b * c + TRUE["decode_b"] * b + TRUE["decode_c"])
+           for b, c in sampler.DECODE_POINTS]
+    return sampler.Samples(pre, dec, 1.0)
+
+
+def test_fit_recovers_the_coefficients_of_exact_samples() -> None:
+    s = synthetic()
+    coeffs, p_r2, d_r2 = fit_coefficients(s.prefill, s.decode)
+    for k, v in TRUE.items():
+        assert getattr(coeffs, k) == pytest.approx(v, rel=1e-3, abs=1e-6), k
+    assert p_r2 > 0.999 and d_r2 > 0.999
+    with pytest.raises(ValueError, match="need >= 3 samples"):
+        fit_coefficients(s.prefill[:2], s.decode)
+
+
+class Handle:
+    """Stands in for a worker's actor handle: `calibration_samples.remote()` returns an awaitable."""
+
+    def __init__(self, samples: sampler.Samples) -> None:
+        self.calls = 0
+        outer = self
+
+        class Method:
+            def remote(self):
+                outer.calls += 1
+
+                async def answer():
+                    return samples, "measured on w", "key"
+                return answer()
+        self.calibration_samples = Method()
+
+
+def test_colocated_calibration_asks_its_one_worker_once() -> None:
+    h = Handle(synthetic())
+    cal = asyncio.run(calibrate(h, None))
+    assert h.calls == 1 and cal.prefill_r2 > 0.999 and cal.coefficients.decode_b == pytest.approx(4.0, rel=1e-3)
+
+
+def test_the_goodput_policy_predicts_with_the_calibrated_model() -> None:
+    def fresh():
+        return make_policy("goodput", router_cfg=RouterConfig(), slo=SLOConfig())
+
+    p = [WorkerStats("p", "prefill", "", 0, 0, 0, 0, 0.0, 5760, (), True, 0.0)]
+    d = [WorkerStats("d", "decode", "", 0, 0, 0, 0, 0.0, 5760, (), True, 0.0)]
+    req = RouteRequest(400, 16, 2.0, 0.2)
+    before = fresh()(req, p, d).predicted_ttft_s
+    policy = fresh()
+    policy._state("p").ttft_ratio = 3.0  # an online correction learnt against the bundled profile
+    coeffs, _, _ = fit_coefficients(*synthetic()[:2])
+    policy.calibrate(coeffs)
+    after = policy(req, p, d).predicted_ttft_s
+    prefill_s = (TRUE["prefill_a"] * 400 + TRUE["prefill_b"] * 400 ** 2 + TRUE["prefill_c"]) / 1e3
+    assert after != pytest.approx(before, rel=0.05)
+    assert prefill_s <= after <= prefill_s + 0.1  # plus the KV transfer
+    assert policy.states["p"].ttft_ratio == 1.0 and policy.describe()["latency_model"] == "calibrated"
+
+
+def test_calibration_is_on_only_where_no_latency_model_was_chosen() -> None:
+    assert RouterConfig().calibrates()
+    assert not RouterConfig(policy="least_loaded").calibrates()
+    assert not RouterConfig(latency_profile="x.yaml").calibrates()
+    assert not RouterConfig(calibrate=False).calibrates()
+
+
+class FakeHost:
+    def __init__(self) -> None:
+        self._pending: dict[str, int] = {}
+        self._running_ctx: dict[str, int] = {}
+
+
+def test_samples_wait_for_an_engine_without_serving_traffic() -> None:
+    host = FakeHost()
+    assert sampler._quiet(host)
+    host._running_ctx["calib-1"] = 10
+    assert sampler._quiet(host)  # its own requests
+    host._pending["chatcmpl-x"] = 50
+    assert not sampler._quiet(host)
+
+
+def test_cache_files_are_written_whole(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SAAF_CACHE_DIR", str(tmp_path))
+    s = synthetic()
+    sampler.store("k1", s)
+    assert sampler.load_cached("k1") == sampler.Samples([tuple(r) for r in s.prefill],
+                                                        [tuple(r) for r in s.decode], 1.0, True)
+    assert [p.name for p in (tmp_path / "profiles").iterdir()] == ["k1.json"]  # no temporary left
+    (tmp_path / "profiles" / "k2.json").write_text("{\"prefill\": ")  # a torn file reads as absent
+    assert sampler.load_cached("k2") is None
+    assert json.loads((tmp_path / "profiles" / "k1.json").read_text())["clean"] is True
