@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from engine.config import EngineConfig
 from kvtransfer.config import TransferConfig
+from placement.config import SLOSpec
 
 
 class ConfigError(Exception):
@@ -42,9 +43,23 @@ class PoolSizes(BaseModel):
 
 
 class SLOConfig(BaseModel):
+    """The deployment's one SLO: the router admits against it and the planner (pools: auto) sizes the pools
+    for it (`spec()` is the planner's placement.config.SLOSpec). Per-request headers may only tighten it."""
+
     model_config = ConfigDict(extra="forbid")
-    ttft_ms: float = Field(2000, gt=0, description="Default time-to-first-token target, ms")
-    tpot_ms: float = Field(200, gt=0, description="Default time-per-output-token target, ms")
+    ttft_ms: float = Field(2000, gt=0, description="Time-to-first-token target, ms")
+    tpot_ms: float = Field(200, gt=0, description="Time-per-output-token target, ms")
+    percentile: Literal["p50", "p90", "p99"] = Field("p90", description="Percentile the targets are read at")
+    attainment: float = Field(0.9, gt=0, le=1, description="Fraction of requests that must meet both targets")
+
+    def spec(self) -> SLOSpec:
+        return SLOSpec(ttft_s=self.ttft_ms / 1000.0, tpot_s=self.tpot_ms / 1000.0, percentile=self.percentile,
+                       attainment=self.attainment)
+
+    @classmethod
+    def of(cls, spec: SLOSpec) -> SLOConfig:
+        return cls(ttft_ms=spec.ttft_s * 1000.0, tpot_ms=spec.tpot_s * 1000.0, percentile=spec.percentile,
+                   attainment=spec.attainment)
 
 
 class RouterConfig(BaseModel):
@@ -73,6 +88,11 @@ class RouterConfig(BaseModel):
         0.5, ge=0, le=1, description="goodput: admit only pairs at least this likely to meet both targets")
     ewma_alpha: float = Field(
         0.1, gt=0, le=1, description="goodput: weight of each observed/predicted sample in the corrections")
+    disaggregation: Literal["auto", "always", "never"] = Field(
+        "auto", description="Where a request's prompt runs: auto = per request, a prefill worker (KV moved to the "
+                            "decode worker) or the decode worker itself, whichever the goodput model predicts "
+                            "better, counting the transfer and the stall a local prefill causes the streams "
+                            "decoding there; always = a prefill worker; never = the decode worker")
     calibrate: bool = Field(
         True, description="goodput with the bundled profile: fit the latency model on the serving machine, in "
                           "the background once the endpoint is ready (cached per CPU/GPU model: "
@@ -198,7 +218,24 @@ def load_config(path: str | Path | None, *, check_paths: bool = True) -> DeployC
     if check_paths:
         check_model(cfg)
     if cfg.planner is not None:
-        cfg = cfg.model_copy(update={"planner": _planner_dict(cfg.planner, p.parent)})
+        planner = cfg.planner
+        if isinstance(planner, dict) and "slo" not in planner:  # NOTE: the deployment's SLO, given once
+            planner = dict(planner, slo=cfg.slo.spec().model_dump())
+        cfg = cfg.model_copy(update={"planner": _planner_dict(planner, p.parent)})
+        cfg = one_slo(cfg, slo_given="slo" in data)
+    return cfg
+
+
+def one_slo(cfg: DeployConfig, slo_given: bool) -> DeployConfig:
+    """The planner and the router read one SLO: a planner section's own `slo` becomes the deployment's when
+    `slo:` is not given; given both, they must agree."""
+    planned = SLOConfig.of(SLOSpec.model_validate(cfg.planner["slo"]))
+    if not slo_given:
+        return cfg.model_copy(update={"slo": planned})
+    if planned.spec() != cfg.slo.spec():
+        raise ConfigError(f"slo {cfg.slo.model_dump()} and planner.slo {planned.model_dump()} differ: the "
+                          "router admits against one and the planner sizes pools for the other; give the SLO "
+                          "once, in `slo:` or in the planner section")
     return cfg
 
 

@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--retries", type=int, default=2, help="disturbed steps the run may repeat in all (the cleanest attempt is kept)")
     a("--probe-requests", type=int, default=3, help="sequential requests on the idle deployment before the sweep")
     a("--policy", default="least_loaded", choices=("least_loaded", "round_robin", "goodput"), help="router policy")
+    a("--disaggregation", default="always", choices=("auto", "always", "never"),
+      help="router.disaggregation of the disaggregated shape: always = every prompt on a prefill worker; auto = "
+           "per request, a prefill worker or the decode worker itself (goodput policy)")
     a("--port", type=int, help="Serve HTTP port for both modes (default: a free port)")
     a("--modes", default="colocated,disaggregated", help="modes to run, in order")
     a("--profile", default=str(DEFAULT_PROFILE), help="measured profile for the planner check")
@@ -143,6 +146,7 @@ def make_workload(args: argparse.Namespace):
 def _header(args: argparse.Namespace, prov: Provenance, rates: list[float], traffic: Traffic) -> dict[str, Any]:
     return {**prov.start_fields(), "model": args.model, "rates": rates,
             "num_requests": args.num_requests, "duration_s": args.duration, "seed": args.seed, "policy": args.policy,
+            "disaggregation": args.disaggregation,
             "workload": dict(vars(traffic.workload)),
             "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo}, "attainment_target": args.attainment_target,
             "tpot_targets": args.tpot_targets, "profile": os.path.relpath(args.profile, REPO),

@@ -33,7 +33,7 @@ def to_markdown(report: dict[str, Any], plots: Sequence[str]) -> str:
           *header_lines(report, "shared with other work (see `cores not ours` below)"),
           f"- shapes on the same {report['shapes']['colocated']['engines']} engines: colocated "
           f"{report['shapes']['colocated']['pools']} vs disaggregated {report['shapes']['disaggregated']['pools']}; "
-          f"router `{report['policy']}`; engine: max_model_len {report['engine']['max_model_len']}, "
+          f"router `{report['policy']}` (disaggregation `{report.get('disaggregation', 'always')}`); engine: max_model_len {report['engine']['max_model_len']}, "
           f"KV {report['engine']['kv_cache_mib']} MiB, 1 OMP thread",
           f"- workload: `{json.dumps(w)}`, Poisson arrivals, seed {report['seed']}, at most "
           f"{report['num_requests'] or 'unbounded'} requests / {report['duration_s'] or 'unbounded'} s of arrivals "

@@ -49,6 +49,14 @@ class StatsSampler:
         self._stop.set()
         self._thread.join(timeout=10)
 
+    def predictions(self) -> list[list[float | None]]:
+        """The goodput router's [seq, predicted TTFT, measured TTFT, predicted TPOT, measured TPOT] log."""
+        try:
+            body = httpx.get(self.url, timeout=5.0, trust_env=False).json()
+            return list((body.get("router") or {}).get("predictions") or [])
+        except (httpx.HTTPError, ValueError):
+            return []
+
     def transfers(self) -> list[dict[str, Any]]:
         try:
             return httpx.get(self.url, timeout=5.0, trust_env=False).json().get("transfers", [])
@@ -99,6 +107,22 @@ def transfer_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "handoff_p50_s": LatencySummary.of([r["handoff_latency_s"] for r in records]).p50,
             "kv_bytes_mean": sum(r["kv_bytes"] for r in records) / len(records),
             "decode_computed_prompt_tokens_max": max(r.get("decode_computed_prompt_tokens", 0) for r in records)}
+
+
+def prediction_summary(entries: Sequence[Sequence[float | None]]) -> dict[str, Any]:
+    """The router's predictions next to the measurements (routing -> first token; TPOT) at p50 and p90,
+    and the p50/p90 ratio predicted/measured, for the requests of one step."""
+    out: dict[str, Any] = {"count": len(entries)}
+    for name, i in (("ttft", 1), ("tpot", 3)):
+        pairs = [(e[i], e[i + 1]) for e in entries if e[i] is not None and e[i + 1] is not None]
+        if not pairs:
+            continue
+        pred, meas = LatencySummary.of([p for p, _ in pairs]), LatencySummary.of([m for _, m in pairs])
+        out[name] = {"p50_predicted": pred.p50, "p50_measured": meas.p50, "p90_predicted": pred.p90,
+                     "p90_measured": meas.p90,
+                     "p50_ratio": round(pred.p50 / meas.p50, 3) if meas.p50 else None,
+                     "p90_ratio": round(pred.p90 / meas.p90, 3) if meas.p90 else None}
+    return out
 
 
 def parse_metrics(text: str) -> dict[str, float]:

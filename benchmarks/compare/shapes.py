@@ -21,7 +21,8 @@ def base_config(args: argparse.Namespace, port: int) -> dict[str, Any]:
     return {"engine": {"model": args.model, "max_model_len": args.max_model_len, "kv_cache_mib": args.kv_cache_mib,
                        "enable_prefix_caching": args.prefix_caching},
             "serve": {"port": port, "request_timeout_s": max(300.0, args.request_timeout)},
-            "router": {"policy": args.policy}, "ray": {"namespace": NAMESPACE}}
+            "router": {"policy": args.policy, "disaggregation": getattr(args, "disaggregation", "always")},
+            "ray": {"namespace": NAMESPACE}}
 
 
 def shape_variant(args: argparse.Namespace, mode: str) -> Variant:

@@ -17,6 +17,7 @@ from benchmarks.compare.server_stats import (
     StatsSampler,
     compact_samples,
     metric_means,
+    prediction_summary,
     scrape_metrics,
     transfer_summary,
     worker_load,
@@ -37,6 +38,7 @@ def measure_step(endpoint: str, model: str, step: Step, engines: dict[int, str],
     """One step with its resource accounting. ``engines``: PID -> component name (``engine <id>``)."""
     with StatsSampler(endpoint) as sampler:
         seen = {t.get("request_id") for t in sampler.transfers()}
+        seq0 = max((e[0] for e in sampler.predictions()), default=0)
         m0 = scrape_metrics(endpoint)
         before, busy0 = cpu_snapshot(engines)
         w0 = time.monotonic()
@@ -48,11 +50,13 @@ def measure_step(endpoint: str, model: str, step: Step, engines: dict[int, str],
         m1 = scrape_metrics(endpoint)
     cores = cpu_breakdown(before, after, wall)
     tel = [t for t in sampler.transfers() if t.get("request_id") not in seen]
+    preds = [e for e in sampler.predictions() if e[0] > seq0]
     return Attempt(res, {"wall_s": round(wall, 2), "cpu_cores": cores,
                          "machine_busy_cores": round((busy1 - busy0) / wall, 3),
                          "machine_other_cores": round(max(0.0, (busy1 - busy0) / wall - sum(cores.values())), 3),
                          "workers": worker_load(sampler.samples), "transfers": transfer_summary(tel),
-                         "server_means_s": metric_means(m0, m1), "samples": compact_samples(sampler.samples, w0)})
+                         "server_means_s": metric_means(m0, m1), "router_predictions": prediction_summary(preds),
+                         "samples": compact_samples(sampler.samples, w0)})
 
 
 def attempt_note(key: float | str, attempt: Attempt) -> dict[str, Any]:

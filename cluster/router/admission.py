@@ -49,6 +49,9 @@ class Admission:
                                        "retry later", code="slo_unattainable")
                 d = self.policy(req._replace(ttft_slo_s=req.ttft_slo_s - waited), prefill, decode)
                 if d.admit or must_admit or rc.admission == "best_effort":
+                    if not self.colocated and not d.local and rc.disaggregation == "never":
+                        # NOTE: a policy without a local-prefill model (the baselines): its decode worker
+                        d = d._replace(prefill=None, local=True, placement="local:never")
                     return d._replace(admit=True)
                 budget = req.ttft_slo_s - waited
                 # NOTE: queue only while waiting can help: a TTFT that is predicted past the budget even

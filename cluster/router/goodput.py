@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +53,15 @@ class GoodputPolicy(Policy):
                  default_ttft_s: float = 2.0, default_tpot_s: float = 0.2, sigma: float = 0.25,
                  admit_probability: float = 0.5, ewma_alpha: float = 0.1, max_prefill_tokens: int = 4096,
                  tie_probability: float = 0.02, affinity_entries: int = 4096, record_refused: bool = False,
-                 clock: Callable[[], float] = time.time) -> None:
+                 disaggregation: str = "always", clock: Callable[[], float] = time.time) -> None:
+        if disaggregation not in ("auto", "always", "never"):
+            raise ValueError(f"goodput policy: disaggregation={disaggregation!r} must be auto, always or never")
+        self.disaggregation = disaggregation
+        self.placements: Counter[str] = Counter()  # "remote:<why>" / "local:<why>" per admitted decision
+        # NOTE: (seq, predicted TTFT, measured TTFT, predicted TPOT, measured TPOT) of finished requests, so a
+        # benchmark can set the router's predictions next to what happened (GET /v1/stats)
+        self.predictions: deque[tuple[int, float, float, float | None, float | None]] = deque(maxlen=512)
+        self._seq = 0
         for name, v, lo, hi in (("sigma", sigma, 1e-3, 5.0), ("admit_probability", admit_probability, 0, 1),
                                 ("ewma_alpha", ewma_alpha, 1e-6, 1), ("tie_probability", tie_probability, 0, 1),
                                 ("default_ttft_s", default_ttft_s, 1e-6, 1e6),
@@ -89,6 +97,7 @@ class GoodputPolicy(Policy):
             kwargs.setdefault("admit_probability", router_cfg.admit_probability)
             kwargs.setdefault("ewma_alpha", router_cfg.ewma_alpha)
             kwargs.setdefault("record_refused", router_cfg.admission == "best_effort")
+            kwargs.setdefault("disaggregation", router_cfg.disaggregation)
         if kwargs.get("max_prefill_tokens", 0) is None:  # NOTE: engine.max_num_batched_tokens unset
             del kwargs["max_prefill_tokens"]
         if slo is not None:
@@ -112,7 +121,8 @@ class GoodputPolicy(Policy):
         logger.info("goodput router: latency model calibrated on this machine: %s", coeffs)
 
     def describe(self) -> dict[str, Any]:
-        return {"policy": "goodput", "latency_model": self.latency.label,
+        return {"policy": "goodput", "latency_model": self.latency.label, "disaggregation": self.disaggregation,
+                "placements": dict(self.placements), "predictions": list(self.predictions),
                 "corrections": {w: {"ttft": round(s.ttft_ratio, 3), "tpot": round(s.tpot_ratio, 3)}
                                 for w, s in self.states.items()}}
 
@@ -227,7 +237,7 @@ class GoodputPolicy(Policy):
             g = groups.get(key)
             if g is None or tpot < g[0]:
                 groups[key] = (tpot, j, step)
-        best = (-_INF, _INF, 0, 0, 0.0, 0.0)  # value, TPOT, decode index, prefill index, P(own), transfer
+        best = (-_INF, _INF, 0, 0, 0.0, 0.0, 0.0)  # value, TPOT, decode index, prefill index, P(own), transfer, step
         cands = sorted(groups.values()) if len(groups) > 1 else groups.values()
         for tpot, j, step in cands:
             ptp = 1.0 if out <= 1 else p_meet(req.tpot_slo_s, tpot)
@@ -253,8 +263,8 @@ class GoodputPolicy(Policy):
                                                                                       st.c0 + ctx_new)
                 value -= st.b0 * (p_meet(self.default_tpot_s, step * ratio) - p_meet(self.default_tpot_s, step))
             if value > best[0] or (value == best[0] and tpot < best[1]):
-                best = (value, tpot, j, pi, p_own, x)
-        value, tpot, j, pi, p_own, x = best
+                best = (value, tpot, j, pi, p_own, x, step)
+        value, tpot, j, pi, p_own, x, step = best
         d = decode[j]
         if aff_i >= 0 and aff_i != pi:
             xa = x_same if d.node_id and prefill[aff_i].node_id == d.node_id else x_cross
@@ -263,15 +273,70 @@ class GoodputPolicy(Policy):
                 p_own, value = p_own / pt * pt_a, value + (pt_a - harm(aff_i)) - (pt - harm(pi))
                 pi, x = aff_i, xa
         ttft_s = costs[pi] + x
+        if not colocated and self.disaggregation != "always":
+            local = self._local(req, d, step, tpot, value)
+            if local is not None:
+                l_ttft, l_own, l_value, why = local
+                l_admit = l_own >= self.admit_probability and l_value > 0
+                if l_admit or self.record_refused:
+                    self._record_local(req, self.states[d.worker_id], now, l_ttft)
+                if l_admit:
+                    self.placements[f"local:{why}"] += 1
+                reason = f"goodput: local prefill ({why})" if l_admit else (
+                    f"no worker meets the targets with a local prefill: P(slo)={l_own:.3f} (net of others "
+                    f"{l_value:.3f}), TTFT {l_ttft:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {tpot:.3f} s")
+                return RouteDecision(l_admit, None, d.worker_id, reason, l_ttft, tpot if out > 1 else None, l_own,
+                                     local=True, placement=f"local:{why}")
         admit = p_own >= self.admit_probability and value > 0
         p_id = None if colocated else prefill[pi].worker_id
         if admit or self.record_refused:
             self._record(req, self.states[pool[pi].worker_id], self.states[d.worker_id], p_id, now, ttft_s,
                          x)
+        placement = "" if colocated else "remote:" + ("always" if self.disaggregation == "always" else "cheaper")
+        if admit and placement:
+            self.placements[placement] += 1
         reason = "goodput" if admit else (
             f"no pair meets the targets: best P(slo)={p_own:.3f} (net of others {value:.3f}), TTFT "
             f"{ttft_s:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {tpot:.3f} s vs {req.tpot_slo_s:.3f} s")
-        return RouteDecision(admit, p_id, d.worker_id, reason, ttft_s, tpot if out > 1 else None, p_own)
+        return RouteDecision(admit, p_id, d.worker_id, reason, ttft_s, tpot if out > 1 else None, p_own,
+                             placement=placement)
+
+    def _local(self, req: RouteRequest, d: WorkerStats, step: float, tpot: float, remote_value: float
+               ) -> tuple[float, float, float, str] | None:
+        """The local-prefill option on decode worker `d`: (TTFT, P(own targets), value net of what it costs the
+        streams decoding there, why), or None when remote prefill is better (`auto`).
+
+        A prefill on a decode engine joins one of its steps: that step lasts the prefill longer for every
+        stream running there, spread over their remaining tokens (~half the average output). The KV transfer
+        and the prefill pool's queue are saved."""
+        prompt, out, t = req.prompt_tokens, req.max_tokens, self.decode_latency.terms
+        st = self.states[d.worker_id]
+        if st.pstats is not d:  # NOTE: the prefill queue there, our own local routes since its stats included
+            st.refresh_prefill(d, t, self.clock() - self.stale_s)
+        lin = st.base + t.pa * prompt + t.pb * prompt * prompt
+        pre = (lin if lin > t.p_mem else t.p_mem) + st.extra + t.p_lin * prompt
+        ttft = (pre + (step if d.running else 0.0)) * st.ttft_ratio
+        p_meet = self.p_meet
+        ptp = 1.0 if out <= 1 else p_meet(req.tpot_slo_s, tpot)
+        own = p_meet(req.ttft_slo_s, ttft) * ptp
+        harm = 0.0
+        if d.running:
+            stretch = pre * st.dr / max(1.0, self._avg_out / 2)
+            harm = d.running * (p_meet(self.default_tpot_s, step) - p_meet(self.default_tpot_s, step + stretch))
+        value = own - harm
+        if self.disaggregation == "never":
+            return ttft, own, value, "never"
+        # NOTE: ties go local (no transfer, a prefill worker left free for the next long prompt).
+        if value >= remote_value - self.tie_probability:
+            return ttft, own, value, "idle decode" if not d.running else "cheaper"
+        return None
+
+    def _record_local(self, req: RouteRequest, ds: WorkerState, now: float, ttft: float) -> None:
+        ds.add_prefill(self.decode_latency.terms, now, req.prompt_tokens, now + req.ttft_slo_s)
+        self._avg_out += 0.05 * (req.max_tokens - self._avg_out)
+        if req.max_tokens > 1:
+            need, ctx = req.prompt_tokens + req.max_tokens, req.prompt_tokens + req.max_tokens // 2
+            ds.add_decode(self.decode_latency.terms, now + ttft, need, ctx, self._avg_out)
 
     def _record(self, req: RouteRequest, ps: WorkerState, ds: WorkerState, p_id: str | None, now: float,
                 ttft: float, transfer: float) -> None:
@@ -291,6 +356,12 @@ class GoodputPolicy(Policy):
     def observe(self, decision: RouteDecision, route: RouteRequest, ttft_s: float,
                 tpot_s: float | None) -> None:
         """Feedback after a request: move the serving workers' correction ratios toward observed/predicted."""
+        if decision.predicted_ttft_s is not None and math.isfinite(decision.predicted_ttft_s):
+            self._seq += 1
+            p_tpot = decision.predicted_tpot_s
+            self.predictions.append((self._seq, round(decision.predicted_ttft_s, 4), round(ttft_s, 4),
+                                     None if p_tpot is None or not math.isfinite(p_tpot) else round(p_tpot, 5),
+                                     None if tpot_s is None else round(tpot_s, 5)))
         pred, wid = decision.predicted_ttft_s, decision.prefill or decision.decode
         if wid and pred and math.isfinite(pred) and ttft_s > 0:
             st = self._state(wid)

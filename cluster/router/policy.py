@@ -31,6 +31,7 @@ class RouteDecision(NamedTuple):
     predicted_tpot_s: float | None = None
     p_slo: float | None = None  # predicted probability of meeting both targets (goodput policy)
     local: bool = False  # prefill on the decode worker itself (no KV transfer); `prefill` is then None
+    placement: str = ""  # "remote:<why>" / "local:<why>" (router.disaggregation), counted in /metrics
 
 
 class Policy(ABC):

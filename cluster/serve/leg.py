@@ -125,6 +125,9 @@ class Leg:
             else:
                 dec = await self.svc.admission.route(route, excluded, must_admit=True)
             self.decision, self.routed_at = dec, time.monotonic()
+            if self.svc.cfg.mode != "colocated":
+                where, _, why = (dec.placement or ("local:policy" if dec.local else "remote:policy")).partition(":")
+                self.svc.metrics.placement.labels(where, why).inc()
             rid = self.request_id if attempt == 0 else f"{self.request_id}-r{attempt}"
             try:
                 async for out in self._attempt(rid, prompt, p, dec):

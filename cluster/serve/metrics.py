@@ -27,6 +27,9 @@ class Metrics:
         self.kv_failures = Counter("saaf_kv_transfer_failures", "KV transfers that failed", registry=r)
         self.recomputes = Counter("saaf_kv_recomputes", "Requests whose decode recomputed the prompt",
                                   registry=r)
+        self.placement = Counter("saaf_prefill_placement", "Where admitted prompts were prefilled "
+                                 "(router.disaggregation): remote = a prefill worker, local = the decode worker",
+                                 ["where", "why"], registry=r)
         self.worker = Gauge("saaf_worker", "Per-worker stats", ["worker", "stat"], registry=r)
         self.pool = Gauge("saaf_pool_size", "Workers per pool", ["role"], registry=r)
         self.goodput = Gauge("saaf_goodput_rps", "Requests meeting both SLOs per second, last minute",

@@ -93,10 +93,9 @@ def _burst(endpoint: str, model: str, seed: int) -> list[dict]:
 
 
 def _metric(text: str, name: str, label: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name) and label in line:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    """The sum of the samples of `name` whose labels include `label`."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") and label in line)
 
 
 def test_burst_with_admission_beats_admission_off(endpoint, admission_endpoint, model_name, workers):
@@ -161,3 +160,26 @@ def test_an_impossible_slo_header_is_a_429_before_any_stream(admission_endpoint,
     assert time.monotonic() - t0 < 5
     ok = httpx.post(f"{admission_endpoint}{path}", json=body, timeout=120)  # the deployment's own SLO admits it
     assert ok.status_code == 200, ok.text[:300]
+
+
+def test_auto_prefills_a_short_prompt_on_the_idle_decode_worker(admission_endpoint, model_name, workers,
+                                                                 colocated_worker):
+    """router.disaggregation auto (the default) on idle workers: a short prompt is prefilled on the decode
+    worker itself (no KV transfer), counted in /metrics and /v1/stats, and answers as one engine does."""
+    from tests.helpers.engines import generate, params, token_ids
+
+    _wait_idle(workers)
+    prompt = [1200 + 17 * k for k in range(24)]
+    before = httpx.get(f"{admission_endpoint}/metrics", timeout=10).text
+    r = httpx.post(f"{admission_endpoint}/v1/completions", timeout=120, json={
+        "model": model_name, "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+        "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    after = httpx.get(f"{admission_endpoint}/metrics", timeout=10).text
+    key = 'where="local"'
+    assert _metric(after, "saaf_prefill_placement_total", key) - _metric(before, "saaf_prefill_placement_total",
+                                                                        key) == 1
+    want = token_ids(generate(colocated_worker, "colo-local", prompt, params(12, ignore_eos=True)))
+    assert r.json()["choices"][0]["token_ids"] == want
+    router = httpx.get(f"{admission_endpoint}/v1/stats", timeout=10).json()["router"]
+    assert router["disaggregation"] == "auto" and any(k.startswith("local:") for k in router["placements"])

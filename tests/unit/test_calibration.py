@@ -73,7 +73,7 @@ def test_the_goodput_policy_predicts_with_the_calibrated_model() -> None:
     after = policy(req, p, d).predicted_ttft_s
     prefill_s = (TRUE["prefill_a"] * 400 + TRUE["prefill_b"] * 400 ** 2 + TRUE["prefill_c"]) / 1e3
     assert after != pytest.approx(before, rel=0.05)
-    assert prefill_s <= after <= prefill_s + 0.1  # plus the KV transfer
+    assert prefill_s * 0.999 <= after <= prefill_s + 0.1  # plus the KV transfer, if remote
     assert policy.states["p"].ttft_ratio == 1.0 and policy.describe()["latency_model"] == "calibrated"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -85,3 +87,36 @@ def test_fabric_check_runs_where_engines_can_sit_on_different_nodes() -> None:
     assert not wants_fabric_check(auto, one) and wants_fabric_check(auto, two)
     assert wants_fabric_check(parse_config({"transfer": {"fabric_check": True}}), one)
     assert not wants_fabric_check(parse_config({"transfer": {"fabric_check": False}}), two)
+
+
+def _auto_deploy(tmp_path, slo: dict | None, planner_slo: dict | None):
+    import shutil
+
+    from cluster.config import load_config
+
+    repo = Path(__file__).resolve().parents[2]
+    plan = yaml.safe_load((repo / "manifests" / "plan-cpu-smollm2.yaml").read_text())
+    shutil.copytree(repo / "manifests" / "profiles", tmp_path / "profiles")
+    if planner_slo is None:
+        plan.pop("slo")
+    else:
+        plan["slo"] = planner_slo
+    data = {"pools": "auto", "planner": plan} | ({"slo": slo} if slo is not None else {})
+    path = tmp_path / "deploy.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_config(path, check_paths=False)
+
+
+def test_the_planner_and_the_router_read_one_slo(tmp_path):
+    from cluster.config import ConfigError
+
+    # the planner's SLO becomes the deployment's when `slo:` is not given
+    cfg = _auto_deploy(tmp_path / "a", None, {"ttft_s": 1.5, "tpot_s": 0.1, "percentile": "p99"})
+    assert (cfg.slo.ttft_ms, cfg.slo.tpot_ms, cfg.slo.percentile) == (1500, 100, "p99")
+    # the deployment's SLO becomes the planner's when the planner section has none
+    cfg = _auto_deploy(tmp_path / "b", {"ttft_ms": 800, "tpot_ms": 90}, None)
+    assert (cfg.planner["slo"]["ttft_s"], cfg.planner["slo"]["tpot_s"]) == (0.8, 0.09)
+    # both, agreeing, are fine; disagreeing, an error naming both
+    _auto_deploy(tmp_path / "c", {"ttft_ms": 800, "tpot_ms": 90}, {"ttft_s": 0.8, "tpot_s": 0.09})
+    with pytest.raises(ConfigError, match="planner.slo .* differ"):
+        _auto_deploy(tmp_path / "d", {"ttft_ms": 800, "tpot_ms": 90}, {"ttft_s": 2.0, "tpot_s": 0.09})

@@ -37,7 +37,10 @@ class Routing(Admission):
 
 
 def routing(admission: str, **router: float) -> Routing:
-    return Routing(DeployConfig(router=RouterConfig(policy="goodput", admission=admission, **router)))
+    # NOTE: prefill always on a prefill worker here: these scenarios are about its queue (auto would prefill
+    # on the idle decode worker instead: tests/unit/test_router_disaggregation.py).
+    return Routing(DeployConfig(router=RouterConfig(policy="goodput", admission=admission,
+                                                    disaggregation="always", **router)))
 
 
 def test_reject_answers_429_with_the_reason() -> None:

@@ -1,0 +1,90 @@
+"""router.disaggregation (cluster/router/goodput.py): per request, prefill on a prefill worker (KV moved to
+the decode worker) or on the decode worker itself, from the predicted TTFT/TPOT of each option, the
+transfer, and the stall a local prefill causes the streams decoding there."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from cluster.config import DeployConfig, RouterConfig, SLOConfig
+from cluster.router import RouteRequest, make_policy
+from cluster.router.admission import Admission
+from cluster.router.membership import Membership
+from engine.stats import WorkerStats
+
+
+def policy(mode: str):
+    return make_policy("goodput", router_cfg=RouterConfig(disaggregation=mode), slo=SLOConfig(ttft_ms=2000,
+                                                                                                   tpot_ms=150))
+
+
+def prefill(queued: int = 0) -> list[WorkerStats]:
+    return [WorkerStats("p0", "prefill", "n1", queued // 250, 0, queued, 0, 0.0, 5760, (), True, time.time())]
+
+
+def decode(running: int = 0, ctx_each: int = 300) -> list[WorkerStats]:
+    return [WorkerStats("d0", "decode", "n1", 0, running, 0, running * ctx_each, running * ctx_each / 5760, 5760,
+                        (), True, time.time())]
+
+
+def test_the_default_is_auto() -> None:
+    assert RouterConfig().disaggregation == "auto"
+    assert make_policy("goodput", router_cfg=RouterConfig(), slo=SLOConfig()).disaggregation == "auto"
+    with pytest.raises(ValueError, match="disaggregation"):
+        make_policy("goodput", router_cfg=None, slo=SLOConfig(), disaggregation="sometimes")
+
+
+def test_auto_prefills_a_short_prompt_on_an_idle_decode_worker() -> None:
+    p = policy("auto")
+    d = p(RouteRequest(40, 32, 2.0, 0.15), prefill(), decode())
+    assert d.admit and d.local and d.prefill is None and d.decode == "d0" and d.placement == "local:idle decode"
+    assert p.describe()["placements"] == {"local:idle decode": 1}
+
+
+def test_auto_sends_a_long_prompt_to_the_prefill_pool_when_streams_are_decoding() -> None:
+    p = policy("auto")
+    d = p(RouteRequest(900, 32, 2.0, 0.15), prefill(), decode(running=12))
+    assert d.admit and not d.local and d.prefill == "p0" and d.placement == "remote:cheaper", d
+
+
+def test_auto_prefills_locally_when_the_prefill_queue_would_miss_the_ttft() -> None:
+    p = policy("auto")
+    req = RouteRequest(300, 32, 2.0, 0.15)
+    remote = policy("always")(req, prefill(queued=6000), decode(running=2))
+    local = p(req, prefill(queued=6000), decode(running=2))
+    assert not remote.admit and remote.predicted_ttft_s > 2.0
+    assert local.admit and local.local and local.predicted_ttft_s < 2.0
+
+
+def test_always_and_never() -> None:
+    req = RouteRequest(40, 32, 2.0, 0.15)
+    a = policy("always")(req, prefill(), decode())
+    n = policy("never")(req, prefill(), decode(running=12))
+    assert not a.local and a.prefill == "p0" and a.placement == "remote:always"
+    assert n.local and n.prefill is None and n.placement == "local:never"
+
+
+def test_a_burst_of_local_prefills_counts_its_own_queue() -> None:
+    """Routes made since the decode worker's last stats are its prefill queue: a burst on one idle decode
+    worker does not all go local with the same lone-request TTFT."""
+    p = policy("auto")
+    ps, ds = prefill(), decode()
+    got = [p(RouteRequest(500, 32, 2.0, 0.15), ps, ds) for _ in range(12)]
+    local = [d for d in got if d.local]
+    assert local and len(local) < len(got)
+    ttfts = [d.predicted_ttft_s for d in local]
+    assert ttfts == sorted(ttfts) and ttfts[-1] > ttfts[0]
+
+
+def test_never_with_a_baseline_policy_prefills_on_the_decode_worker() -> None:
+    cfg = DeployConfig(router=RouterConfig(policy="least_loaded", disaggregation="never"))
+    members = Membership(None, cfg.mode, 0.1, busy=lambda: False)
+    members.handles = {"p0": object(), "d0": object()}
+    members.roles = {"p0": "prefill", "d0": "decode"}
+    members.stats = {"p0": prefill()[0], "d0": decode()[0]}
+    adm = Admission(make_policy("least_loaded"), members, cfg.router, colocated=False, recovery_timeout_s=1.0)
+    d = asyncio.run(adm.route(RouteRequest(40, 8, 2.0, 0.2)))
+    assert d.local and d.prefill is None and d.decode == "d0" and d.placement == "local:never"
