@@ -25,11 +25,15 @@ from benchmarks.deployproc import DeployProcess, cpu_seconds, pss_bytes
 
 
 def chat(endpoint: str, model: str, content: str, max_tokens: int) -> dict:
+    """One streamed chat: TTFT and e2e, or the status and error body of a refusal (the default router
+    admits only what it predicts meets the SLO)."""
     t0 = time.monotonic()
     first = None
     with httpx.stream("POST", f"{endpoint}/v1/chat/completions", timeout=300, json={
         "model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
         "temperature": 0, "stream": True}) as r:
+        if r.status_code == 429:
+            return {"ttft_s": None, "e2e_s": time.monotonic() - t0, "status": 429, "error": r.read().decode()[:300]}
         r.raise_for_status()
         for line in r.iter_lines():
             if first is None and line.startswith("data: {"):
@@ -63,12 +67,19 @@ def main() -> int:
         time.sleep(a.idle_s)
         res["idle_cpu_cores"] = round((cpu_seconds(dp.pids()) - c0) / a.idle_s, 3)
         long_prompt = " ".join(f"item{i}" for i in range(260))  # ~1,000 tokens with the chat template
+        n_tel = len(httpx.get(f"{endpoint}/v1/stats", timeout=10).json()["transfers"])
         single = chat(endpoint, model, long_prompt + " Summarise.", 8)
-        tel = httpx.get(f"{endpoint}/v1/stats", timeout=10).json()["transfers"][-1]
-        res["ttft_1k_s"] = round(single["ttft_s"], 3)
-        res["ttft_1k_prompt_tokens"] = tel["prompt_tokens"]
-        res["kv_transfer_wait_1k_s"] = round(tel["transfer_wait_s"], 4)
-        res["kv_transfer_share_of_ttft"] = round(tel["transfer_wait_s"] / single["ttft_s"], 3)
+        stats = httpx.get(f"{endpoint}/v1/stats", timeout=10).json()
+        res["ttft_1k_s"] = None if single["ttft_s"] is None else round(single["ttft_s"], 3)
+        if single.get("status") == 429:
+            res["ttft_1k_refused"] = single["error"]
+        res["placements"] = (stats.get("router") or {}).get("placements")
+        new = stats["transfers"][n_tel:]
+        if new and single["ttft_s"]:  # NOTE: none when the router prefilled it on the decode worker (auto)
+            tel = new[-1]
+            res["ttft_1k_prompt_tokens"] = tel["prompt_tokens"]
+            res["kv_transfer_wait_1k_s"] = round(tel["transfer_wait_s"], 4)
+            res["kv_transfer_share_of_ttft"] = round(tel["transfer_wait_s"] / single["ttft_s"], 3)
         peak = [0]
         stop = threading.Event()
 
@@ -87,8 +98,9 @@ def main() -> int:
         sampler.join(5)
         ttfts = sorted(r["ttft_s"] for r in runs if r["ttft_s"] is not None)
         res["load_requests"] = a.requests
+        res["load_refused_429"] = sum(r.get("status") == 429 for r in runs)
         res["load_wall_s"] = round(time.monotonic() - t1, 2)
-        res["load_ttft_p50_s"] = round(ttfts[len(ttfts) // 2], 3)
+        res["load_ttft_p50_s"] = round(ttfts[len(ttfts) // 2], 3) if ttfts else None
         res["pss_load_peak_gib"] = round(peak[0] / 2**30, 2)
     finally:
         res["left_running_after_sigterm"] = dp.stop(90)

@@ -49,6 +49,9 @@ def deploy_config(port: int, name: str = "soak") -> dict:
             "engine": {"model": "tiny-llama", "kv_cache_mib": 64, "max_model_len": MAX_MODEL_LEN},
             "pools": {"prefill": 1, "decode": 1},
             "serve": {"port": port, "request_timeout_s": 120, "token_timeout_s": 60},
+            # NOTE: the soak checks that every request is answered, completely and once, under sustained load;
+            # goodput routes it (the default) but serves what it would refuse, so the load stays the load.
+            "router": {"admission": "best_effort"},
             "ray": {"namespace": f"saaf-{name}", "num_cpus": 8}}
 
 

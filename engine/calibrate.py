@@ -43,7 +43,7 @@ def _prompt(n: int, salt: int, vocab: int) -> list[int]:
                                                     for i in range(n - 1)]
 
 
-QUIET_WAIT_S = 20.0  # how long one sample waits for the engine to have no other requests
+QUIET_WAIT_S = 2.0  # how long one sample waits for the engine to have no other requests (then runs anyway)
 
 
 def _quiet(host: Any) -> bool:

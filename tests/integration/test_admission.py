@@ -58,7 +58,7 @@ def admission_endpoint(deployment):
 
 
 def _prompt(rng: random.Random) -> str:
-    return " ".join(f"w{rng.randrange(10**6)}" for _ in range(60))  # ~480 prompt tokens
+    return " ".join(f"w{rng.randrange(10**6)}" for _ in range(30))  # ~240 prompt tokens
 
 
 def _one(endpoint: str, model: str, p: str, targets: dict[str, float] | None) -> dict:
@@ -105,7 +105,7 @@ def test_burst_with_admission_beats_admission_off(endpoint, admission_endpoint, 
     # observed/predicted), as it would have done in any deployment that has served traffic.
     for i in range(4):
         r = httpx.post(f"{admission_endpoint}/v1/completions", timeout=120, json={
-            "model": model_name, "prompt": " ".join(f"warm{i}x{k}" for k in range(60)), "max_tokens": 12,
+            "model": model_name, "prompt": " ".join(f"warm{i}x{k}" for k in range(30)), "max_tokens": 12,
             "ignore_eos": True})
         assert r.status_code == 200, r.text
     before = httpx.get(f"{admission_endpoint}/metrics", timeout=10).text
