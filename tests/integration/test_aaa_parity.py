@@ -11,15 +11,25 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from benchmarks.report import write_report
+from benchmarks.serve import run_benchmark
+from benchmarks.stats import SLO
+from benchmarks.workload import ChatWorkload
 from tests.helpers.parity_table import CHAT, CMPL, RESP, TABLE, TOOL_ARGS
 
 pytestmark = pytest.mark.integration
 
+REPO = Path(__file__).resolve().parents[2]
 LOGPROB_TOL = 2e-3  # absolute, on log-probabilities (fp32 CPU kernels batch differently in the two systems)
 DROP = {"id", "created", "created_at", "system_fingerprint", "call_id", "item_id", "response_id"}
 
@@ -129,7 +139,8 @@ def reference(tmp_path_factory) -> dict[str, Any]:
     try:
         with vllm_server(model_dir, served_name("smollm2"), tmp / "server.log", max_model_len=1024,
                          extra=TOOL_ARGS) as url:
-            return {"answers": record(url), "lmeval": run_lmeval(url, served_name("smollm2"), model_dir, tmp)}
+            return {"answers": record(url), "lmeval": run_lmeval(url, served_name("smollm2"), model_dir, tmp),
+                    "bench": _benchmarks(url, served_name("smollm2"), tmp)}
     except ServerFailed as e:
         pytest.fail(str(e))
 
@@ -174,3 +185,80 @@ def test_the_table_covers_every_feature_on_every_front_end():
                     "min_p", "repetition_penalty", "tokenize", "detokenize", "models", "responses"):
         assert any(feature in n for n in names), feature
     assert {p for _, p, *_ in TABLE} >= {CHAT, CMPL, RESP}
+
+
+# ---- the benchmark tools, unchanged, against the same vLLM server (while it is up) ---------------------
+MAX_TOTAL_LEN = 512
+
+
+def _counters(url: str) -> dict[str, float]:
+    text = httpx.get(f"{url}/metrics", timeout=10.0, trust_env=False).text
+    out = {}
+    for metric in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
+        values = re.findall(rf"^{re.escape(metric)}\{{[^}}]*\}} ([0-9.e+]+)$", text, re.MULTILINE)
+        out[metric] = sum(float(v) for v in values)
+    return out
+
+
+def _benchmarks(url: str, model: str, tmp: Any) -> dict[str, Any]:
+    """benchmarks.serve (completions and chat) and benchmarks.quality against vLLM's own server: what the
+    tests below check, recorded while the reference server runs (one server start for all of it)."""
+    before = _counters(url)
+    completions = run_benchmark(url, model, ChatWorkload(32, 0.5, 16, 0.5), [4.0], num_requests=8,
+                                slo=SLO(ttft_s=5.0, tpot_s=1.0), max_total_len=MAX_TOTAL_LEN, warmup_requests=0,
+                                request_timeout_s=120.0)
+    after = _counters(url)
+    chat = run_benchmark(url, model, ChatWorkload(16, 0.3, 8, 0.3), [8.0], num_requests=4, api="chat",
+                         max_total_len=MAX_TOTAL_LEN, request_timeout_s=120.0)
+    out = tmp / "quality.json"
+    cmd = [sys.executable, "-m", "benchmarks.quality", "--endpoint", url, "--model", model,
+           "--offline-model-dir", "smollm2", "--max-model-len", "1024", "--out", str(out)]
+    env = os.environ | {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=400)
+    quality = json.loads(out.read_text()) if proc.returncode == 0 and out.is_file() else None
+    return {"completions": completions, "before": before, "after": after, "chat": chat, "quality": quality,
+            "quality_log": proc.stdout[-2000:] + proc.stderr[-3000:]}
+
+
+def test_benchmark_against_vllm_server(reference, tmp_path) -> None:
+    """benchmarks.serve against vLLM's own server: what the client counted equals the server's counters."""
+    b = reference["bench"]
+    result, before, after = b["completions"], b["before"], b["after"]
+    step = result.steps[0]
+    s, records = step.summary, step.records
+    print(json.dumps(s.to_dict(), indent=1))
+    assert (s.sent, s.succeeded, s.rejected_429, s.errors) == (8, 8, 0, {})
+    for r in records:
+        assert r.ok and r.usage_reported and r.ttft_s is not None and r.ttft_s > 0
+        assert r.completion_tokens == r.output_len  # ignore_eos: exactly max_tokens
+        assert r.prompt_tokens == r.input_len  # one word per token with SmolLM2's tokenizer
+        assert len(r.itl_s) == r.chunks - 1 and 1 <= r.chunks <= r.completion_tokens
+        assert r.e2e_s is not None and r.e2e_s >= r.ttft_s + sum(r.itl_s) - 1e-6
+    # the client's usage totals agree with the server's own Prometheus counters
+    assert after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"] == sum(r.prompt_tokens for r in records)
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == sum(
+        r.completion_tokens for r in records)
+    assert s.ttft.count == 8 and s.itl.count == sum(len(r.itl_s) for r in records) > 0
+    for summary in (s.ttft, s.itl, s.tpot, s.e2e):
+        assert summary.p50 is not None and 0 < summary.p50 <= summary.p90 <= summary.p99 <= summary.max
+    assert s.attainment == pytest.approx(s.slo_met / 8)
+    paths = write_report(result, tmp_path)
+    assert all(p.is_file() for p in paths)
+    assert json.loads((tmp_path / "report.json").read_text())["steps"][0]["summary"]["succeeded"] == 8
+
+
+def test_chat_route_against_vllm_server(reference) -> None:
+    result = reference["bench"]["chat"]
+    s = result.steps[0].summary
+    assert (s.sent, s.succeeded) == (4, 4)
+    assert all(r.completion_tokens == r.output_len and r.prompt_tokens > r.input_len for r in result.steps[0].records)
+
+
+def test_greedy_quality_endpoint_vs_offline(reference) -> None:
+    """benchmarks.quality: vLLM's server and offline vLLM give the same greedy tokens."""
+    data = reference["bench"]["quality"]
+    assert data is not None, reference["bench"]["quality_log"]
+    (comparison,) = data["comparisons"]
+    assert comparison["exact_match_rate"] == 1.0
+    assert all(row["unit"] == "token" for row in comparison["prompts"])
+    assert len(data["sources"]["offline"]) == 20

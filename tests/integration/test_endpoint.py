@@ -8,8 +8,6 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.offline import offline_greedy
-
 pytestmark = pytest.mark.integration
 
 
@@ -97,11 +95,13 @@ def test_models_and_health(endpoint, model_name):
     assert [m["id"] for m in data] == [model_name]
 
 
-def test_greedy_equals_offline_vllm(endpoint, model_name):
-    """Token for token, the endpoint (disaggregated) equals vLLM's offline LLM.generate."""
+def test_greedy_equals_one_vllm_engine(endpoint, model_name, colocated_worker):
+    """Token for token, the endpoint (disaggregated) equals one vLLM engine of the same model and settings
+    (the session's colocated engine; an offline LLM would start a third engine on 2 cores)."""
     from transformers import AutoTokenizer
 
     from engine.models import resolve_model
+    from tests.helpers.engines import generate, params, token_ids
 
     tok = AutoTokenizer.from_pretrained(str(resolve_model("smollm2")))
     texts = ["Once upon a time", "def fibonacci(n):", "The weather in Paris today is"]
@@ -113,7 +113,8 @@ def test_greedy_equals_offline_vllm(endpoint, model_name):
             "return_token_ids": True})
         assert r.status_code == 200, r.text
         got.append(r.json()["choices"][0]["token_ids"])
-    want = offline_greedy("smollm2", prompts, 24)
+    want = [token_ids(generate(colocated_worker, f"greedy-{i}", p, params(24, ignore_eos=True)))
+            for i, p in enumerate(prompts)]
     assert got == want
 
 
