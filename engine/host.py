@@ -167,20 +167,21 @@ class EngineHost:
     def totals_snapshot(self) -> dict[str, Any]:
         return self.totals.snapshot()
 
-    async def calibration_samples(self) -> tuple[Any, str, str]:
-        """(Samples, source, cache key) for the router's latency model: from this node's cache for this
-        CPU/GPU model, engine and vLLM version, or measured on this engine now and cached
-        (engine/calibrate.py). One measurement at a time per worker."""
+    async def calibration_samples(self, cached: bool = True) -> tuple[Any, str, str] | None:
+        """(Samples, source, cache key) for the router's latency model. ``cached``: from this node's cache
+        for this CPU/GPU model, engine and vLLM version (None if there is none); otherwise measured on
+        this engine now (engine/calibrate.py) and cached if no serving traffic overlapped it. One
+        measurement at a time per worker."""
         from engine import calibrate
 
         vc = self.engine.vllm_config
         key = calibrate.machine_key(self.model_name, str(vc.model_config.dtype).removeprefix("torch."),
                                     self.cfg.cpu_threads if self.device == "cpu" else vc.parallel_config.tensor_parallel_size,
                                     self.device)
+        if cached:
+            hit = calibrate.load_cached(key)
+            return None if hit is None else (hit, "cache", key)
         async with self._calib_lock:
-            cached = calibrate.load_cached(key)
-            if cached is not None:
-                return cached, "cache", key
             samples = await calibrate.measure(self, vc.model_config.get_vocab_size())
             if samples.clean:  # NOTE: samples that serving traffic overlapped serve now but are not cached
                 calibrate.store(key, samples)

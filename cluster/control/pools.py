@@ -45,6 +45,7 @@ class PoolController:
         self.events: list[dict[str, Any]] = []  # health replacements, for status and the fault matrix
         self._health_task: asyncio.Task | None = None
         self._calibration: asyncio.Task | None = None
+        self._calibrated: tuple[int, Any] = (0, None)  # (version, latest Calibration) as published
 
     def engine_for(self, role: str):
         """The engine config of one pool: the shared one with the pool's TP/PP from the plan, if any."""
@@ -238,18 +239,23 @@ class PoolController:
             pair = (ready.get("prefill"), ready.get("decode"))
         if pair[0] is None or (self.cfg.mode != "colocated" and pair[1] is None):
             return
-        from cluster.control.calibration import calibrate
+        from cluster.control.calibration import calibrations
 
-        self._calibration = asyncio.get_running_loop().create_task(calibrate(*pair))
+        def publish(cal: Any) -> None:
+            self._calibrated = (self._calibrated[0] + 1, cal)
 
-    def calibration(self) -> Any:
-        """The Calibration once done; None while it runs (or never started); the error text if it failed."""
+        self._calibration = asyncio.get_running_loop().create_task(calibrations(*pair, publish))
+
+    def calibration(self) -> tuple[int, Any, bool]:
+        """(version, the latest Calibration or None, final): the cached model may come first, the fresh
+        measurement last; a failed measurement is final with its error text."""
         t = self._calibration
+        version, cal = self._calibrated
         if t is None or not t.done():
-            return None
+            return version, cal, False
         if t.cancelled() or t.exception() is not None:
-            return f"calibration failed: {t.exception() if not t.cancelled() else 'cancelled'}"
-        return t.result()
+            return version + 1, f"calibration failed: {t.exception() if not t.cancelled() else 'cancelled'}", True
+        return version, cal, True
 
     def describe(self) -> list[dict[str, Any]]:
         return [{"worker_id": wid, "role": w["role"], "state": w["state"], "info": w["info"],

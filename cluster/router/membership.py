@@ -46,6 +46,8 @@ class Membership:
         self._on_stats = on_stats or (lambda s: None)
         self._on_calibration: Callable[[Any], None] | None = None
         self.calibration: Any = None  # the controller's Calibration (or its failure text) once published
+        self._calibration_version = 0
+        self._calibration_final = False
         self.handles: dict[str, Any] = {}
         self.roles: dict[str, str] = {}
         self.stats: dict[str, WorkerStats] = {}
@@ -89,17 +91,22 @@ class Membership:
             self._on_pool_sizes(role, sum(r == role for r in self.roles.values()))
 
     async def refresh_calibration(self) -> None:
-        """Ask the controller to calibrate (idempotent) until it publishes the result; then hand it on."""
-        if self._on_calibration is None or self.calibration is not None or not self.ready():
+        """Ask the controller to calibrate (idempotent) until its final result; hand on each new version."""
+        if self._on_calibration is None or self._calibration_final or not self.ready():
             return
         await asyncio.wait_for(self.controller.calibrate.remote(), timeout=MEMBERS_TIMEOUT_S)
-        cal = await asyncio.wait_for(self.controller.calibration.remote(), timeout=MEMBERS_TIMEOUT_S)
-        if cal is not None:
+        version, cal, final = await asyncio.wait_for(self.controller.calibration.remote(),
+                                                     timeout=MEMBERS_TIMEOUT_S)
+        self._calibration_final = final
+        if version == self._calibration_version or cal is None:
+            return
+        self._calibration_version = version
+        if isinstance(cal, str):
+            logger.warning("%s; the router keeps its latency model", cal)
+            self.calibration = self.calibration or cal
+        else:
             self.calibration = cal
-            if isinstance(cal, str):
-                logger.warning("%s; the router keeps the bundled latency profile", cal)
-            else:
-                self._on_calibration(cal)
+            self._on_calibration(cal)
 
     async def _members_loop(self) -> None:
         while True:

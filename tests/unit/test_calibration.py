@@ -9,7 +9,7 @@ import json
 import pytest
 
 from cluster.config import RouterConfig, SLOConfig
-from cluster.control.calibration import calibrate
+from cluster.control.calibration import calibrate, calibrations
 from cluster.router import RouteRequest, make_policy
 from engine import calibrate as sampler
 from engine.stats import WorkerStats
@@ -36,17 +36,20 @@ def test_fit_recovers_the_coefficients_of_exact_samples() -> None:
 
 
 class Handle:
-    """Stands in for a worker's actor handle: `calibration_samples.remote()` returns an awaitable."""
+    """Stands in for a worker's actor handle: `calibration_samples.remote(cached)` returns an awaitable;
+    `cache` is what the worker's node has cached (None: nothing)."""
 
-    def __init__(self, samples: sampler.Samples) -> None:
-        self.calls = 0
+    def __init__(self, samples: sampler.Samples, cache: sampler.Samples | None = None) -> None:
+        self.calls: list[bool] = []
         outer = self
 
         class Method:
-            def remote(self):
-                outer.calls += 1
+            def remote(self, cached: bool = True):
+                outer.calls.append(cached)
 
                 async def answer():
+                    if cached:
+                        return None if cache is None else (cache, "cache", "key")
                     return samples, "measured on w", "key"
                 return answer()
         self.calibration_samples = Method()
@@ -55,7 +58,22 @@ class Handle:
 def test_colocated_calibration_asks_its_one_worker_once() -> None:
     h = Handle(synthetic())
     cal = asyncio.run(calibrate(h, None))
-    assert h.calls == 1 and cal.prefill_r2 > 0.999 and cal.coefficients.decode_b == pytest.approx(4.0, rel=1e-3)
+    assert h.calls == [False] and cal.prefill_r2 > 0.999 and cal.coefficients.decode_b == pytest.approx(4.0, rel=1e-3)
+
+
+def test_a_cached_model_comes_first_and_a_fresh_measurement_replaces_it() -> None:
+    old = sampler.Samples([(n, n * n, 3 * ms) for n, _, ms in synthetic().prefill],
+                          [(b, c, 3 * ms) for b, c, ms in synthetic().decode], 1.0)
+    published = []
+    p, d = Handle(synthetic(), cache=old), Handle(synthetic(), cache=old)
+    asyncio.run(calibrations(p, d, published.append))
+    assert [c.source for c in published] == ["prefill cache, decode cache",
+                                             "prefill measured on w, decode measured on w"]
+    assert published[0].coefficients.prefill_a == pytest.approx(3 * TRUE["prefill_a"], rel=1e-3)
+    assert published[1].coefficients.prefill_a == pytest.approx(TRUE["prefill_a"], rel=1e-3)
+    published.clear()
+    asyncio.run(calibrations(Handle(synthetic()), Handle(synthetic()), published.append))  # no cache yet
+    assert len(published) == 1 and "measured" in published[0].source
 
 
 def test_the_goodput_policy_predicts_with_the_calibrated_model() -> None:
