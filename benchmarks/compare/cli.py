@@ -232,6 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     budget = QuietBudget(float(args.quiet_wait), args.retries)
     opts = RunOptions(slo=slo, request_timeout_s=args.request_timeout, foreign_limit=args.foreign_limit,
                       reset_affinity=args.engine_affinity == "all", probe_requests=args.probe_requests,
+                      probe_input_len=args.input_len or (1536 if args.workload == "longdoc" else 256),
                       quality=not args.no_quality, out_dir=out_dir, prog=" ".join(PROG),
                       progress=None if args.no_progress else ProgressLine(), say=_say)
     base = base_config(args, port)

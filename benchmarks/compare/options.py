@@ -30,6 +30,8 @@ class RunOptions:
     """Re-allow every engine thread on every CPU after deploy (see benchmarks/compare/affinity.py)."""
     probe_requests: int = 3
     """Sequential requests on the idle deployment before the steps (0: none)."""
+    probe_input_len: int = 512
+    """Prompt tokens of each probe request (the CLI: the workload's median input)."""
     quality: bool = True
     """Greedy outputs of the eval set from each variant's endpoint."""
     ready_timeout_s: float = 300.0

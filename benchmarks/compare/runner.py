@@ -56,7 +56,8 @@ def run_variant(name: str, deployment: Deployment, steps: Sequence[Step], opts: 
             part["quality_s"] = round(time.monotonic() - tq, 1)
             opts.say(f"[{name}] greedy eval set done in {part['quality_s']} s")
         if opts.probe_requests:
-            part["idle_probe"] = idle_probe(dep.endpoint, dep.model, opts.probe_requests, opts.request_timeout_s)
+            part["idle_probe"] = idle_probe(dep.endpoint, dep.model, opts.probe_requests, opts.request_timeout_s,
+                                            input_len=opts.probe_input_len)
             opts.say(f"[{name}] idle probe: {part['idle_probe']['summary']}")
         engines = {pid: f"engine {wid}" for pid, wid in dep.engines.items()}
         done = replay_steps(dep.endpoint, dep.model, steps, engines, opts, budget, name)

@@ -22,6 +22,8 @@ def base_config(args: argparse.Namespace, port: int) -> dict[str, Any]:
                        "enable_prefix_caching": args.prefix_caching},
             "serve": {"port": port, "request_timeout_s": max(300.0, args.request_timeout)},
             "router": {"policy": args.policy, "disaggregation": getattr(args, "disaggregation", "always")},
+            # NOTE: the router admits against the deployment's SLO: the one the run judges by
+            "slo": {"ttft_ms": args.ttft_slo * 1000.0, "tpot_ms": args.tpot_slo * 1000.0},
             "ray": {"namespace": NAMESPACE}}
 
 
