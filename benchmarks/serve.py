@@ -105,7 +105,9 @@ async def _warmup(client: httpx.AsyncClient, run: _Run, n: int) -> None:
         rec = RequestRecord(index=-1 - i, input_len=16, output_len=4, scheduled_s=0.0)
         body = request_body(run.model, make_prompt(16, rng), 4, run.api, run.ignore_eos)
         await send_request(client, run.url, body, run.api, rec, run.timeout_s, time.perf_counter())
-        if not rec.ok:
+        # NOTE: a 429 is an answer (an admission router refusing a target it predicts missing): the server is
+        # up and serving; only a failure to answer at all stops the run.
+        if not rec.ok and rec.error_kind != "rejected_429":
             raise BenchmarkError(f"warm-up request to {run.url} failed ({rec.error_kind}: {rec.error}); "
                                  f"check that the server is up and serves model {run.model!r}")
 

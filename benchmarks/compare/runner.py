@@ -30,6 +30,30 @@ from benchmarks.compare.variant import Variant
 logger = logging.getLogger(__name__)
 
 
+CALIBRATION_WAIT_S = 180.0
+
+
+def wait_calibrated(endpoint: str, timeout_s: float) -> float | None:
+    """Seconds until the goodput router's fresh calibration is in (GET /v1/stats), so the steps measure the
+    deployment as it serves from then on; None if this router does not calibrate (or it did not finish)."""
+    import httpx
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        try:
+            body = httpx.get(endpoint.rstrip("/") + "/v1/stats", timeout=5.0, trust_env=False).json()
+        except (httpx.HTTPError, ValueError):
+            body = {}
+        cal = body.get("calibration")
+        router = body.get("router") or {}
+        if router.get("policy") != "goodput" or (cal and "error" in cal):
+            return None
+        if cal and cal.get("final"):
+            return round(time.monotonic() - t0, 1)
+        time.sleep(1.0)
+    return None
+
+
 def run_variant(name: str, deployment: Deployment, steps: Sequence[Step], opts: RunOptions,
                 budget: QuietBudget) -> dict[str, Any]:
     """Deploy, measure every step, stop. Returns the variant's part of the raw report: config,
@@ -55,6 +79,10 @@ def run_variant(name: str, deployment: Deployment, steps: Sequence[Step], opts: 
             part["quality_outputs"] = endpoint_outputs(dep.endpoint, dep.model, opts.request_timeout_s)
             part["quality_s"] = round(time.monotonic() - tq, 1)
             opts.say(f"[{name}] greedy eval set done in {part['quality_s']} s")
+        settled = wait_calibrated(dep.endpoint, CALIBRATION_WAIT_S)
+        if settled is not None:
+            part["calibration_wait_s"] = settled
+            opts.say(f"[{name}] router latency model calibrated on this machine {settled:.1f} s after ready")
         if opts.probe_requests:
             part["idle_probe"] = idle_probe(dep.endpoint, dep.model, opts.probe_requests, opts.request_timeout_s,
                                             input_len=opts.probe_input_len)

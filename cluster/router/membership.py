@@ -47,7 +47,7 @@ class Membership:
         self._on_calibration: Callable[[Any], None] | None = None
         self.calibration: Any = None  # the controller's Calibration (or its failure text) once published
         self._calibration_version = 0
-        self._calibration_final = False
+        self.calibration_final = False
         self.handles: dict[str, Any] = {}
         self.roles: dict[str, str] = {}
         self.stats: dict[str, WorkerStats] = {}
@@ -92,12 +92,12 @@ class Membership:
 
     async def refresh_calibration(self) -> None:
         """Ask the controller to calibrate (idempotent) until its final result; hand on each new version."""
-        if self._on_calibration is None or self._calibration_final or not self.ready():
+        if self._on_calibration is None or self.calibration_final or not self.ready():
             return
         await asyncio.wait_for(self.controller.calibrate.remote(), timeout=MEMBERS_TIMEOUT_S)
         version, cal, final = await asyncio.wait_for(self.controller.calibration.remote(),
                                                      timeout=MEMBERS_TIMEOUT_S)
-        self._calibration_final = final
+        self.calibration_final = final
         if version == self._calibration_version or cal is None:
             return
         self._calibration_version = version

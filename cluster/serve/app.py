@@ -96,7 +96,8 @@ class Ingress:
                 "router": self.svc.admission.policy.describe(),
                 "calibration": None if cal is None else {"error": cal} if isinstance(cal, str) else {
                     "source": cal.source, "key": cal.key, "at": cal.at, "prefill_r2": cal.prefill_r2,
-                    "decode_r2": cal.decode_r2, "coefficients": cal.coefficients.model_dump()}}
+                    "decode_r2": cal.decode_r2, "coefficients": cal.coefficients.model_dump(),
+                    "final": self.svc.members.calibration_final}}
 
     async def check_health(self) -> None:
         """Serve's replica health check: a replica whose own HTTP server died is replaced."""

@@ -104,6 +104,7 @@ class PDEngineClient(EngineClient):
                   sampling_params, ctx.ttft_slo_s, ctx.tpot_slo_s)
         ctx.jobs.append(job)
         self.jobs[request_id] = job
+        job.on_close = lambda: self.jobs.pop(request_id, None)
         self.svc.members.wake()
         return self._outputs(job, sampling_params.output_kind == RequestOutputKind.DELTA)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from vllm.outputs import RequestOutput
@@ -41,6 +41,8 @@ class Job:
         self.ttft_slo_s, self.tpot_slo_s = ttft_slo_s, tpot_slo_s
         self.t0 = time.monotonic()
         self._failure_counted = False
+        # NOTE: the engine client's bookkeeping; a stream refused before it starts is closed, never iterated
+        self.on_close: Callable[[], None] | None = None
         deadline = self.t0 + svc.cfg.serve.request_timeout_s
         route = RouteRequest(len(ids), params.max_tokens or 1, ttft_slo_s, tpot_slo_s, hash(tuple(ids[:64])))
         n = params.n or 1
@@ -64,6 +66,8 @@ class Job:
     def close(self) -> None:
         for leg in self.legs:
             leg.close()
+        if self.on_close is not None:
+            self.on_close()
 
     async def outputs(self) -> AsyncIterator[RequestOutput]:
         m = self.svc.metrics

@@ -160,6 +160,8 @@ def test_an_impossible_slo_header_is_a_429_before_any_stream(admission_endpoint,
     assert time.monotonic() - t0 < 5
     ok = httpx.post(f"{admission_endpoint}{path}", json=body, timeout=120)  # the deployment's own SLO admits it
     assert ok.status_code == 200, ok.text[:300]
+    # nothing of the refused request stays in flight (a drain would wait for it)
+    assert httpx.get(f"{admission_endpoint}/v1/stats", timeout=10).json()["inflight"] == 0
 
 
 def test_auto_prefills_a_short_prompt_on_the_idle_decode_worker(admission_endpoint, model_name, workers,
