@@ -43,8 +43,10 @@ def admission_endpoint(deployment):
         # NOTE: ewma_alpha 0.3 (default 0.1): the four warm-up requests below are all the traffic this
         # ingress has seen; the bundled CPU profile underestimates this busy box's prefill ~2x. A cautious
         # operator's admit_probability 0.8 (default 0.5) keeps coin-flip requests out on a noisy 2-core box.
+        # NOTE: every prompt on the prefill worker (disaggregation always): this burst is about admission on
+        # one prefill engine; local prefill (auto, the default) is tested below on its own ingress.
         "router": base.router.model_copy(update={"policy": "goodput", "admission": "reject", "ewma_alpha": 0.3,
-                                                 "admit_probability": 0.8}),
+                                                 "admit_probability": 0.8, "disaggregation": "always"}),
         "serve": base.serve.model_copy(update={"route_prefix": "/adm", "port": free_port()}),
         # NOTE: the burst's targets are this ingress's own: a header may only tighten them.
         "slo": base.slo.model_copy(update=TARGETS),
@@ -164,7 +166,30 @@ def test_an_impossible_slo_header_is_a_429_before_any_stream(admission_endpoint,
     assert httpx.get(f"{admission_endpoint}/v1/stats", timeout=10).json()["inflight"] == 0
 
 
-def test_auto_prefills_a_short_prompt_on_the_idle_decode_worker(admission_endpoint, model_name, workers,
+@pytest.fixture(scope="module")
+def auto_endpoint(deployment):
+    """A third ingress on the same pools with the default router (goodput, disaggregation auto), serving all."""
+    from ray import serve
+
+    from cluster.control.deploy import controller_name, endpoint_url, wait_until_healthy
+    from cluster.serve.app import Ingress
+
+    base = deployment["config"]
+    cfg = base.model_copy(update={
+        "name": "itest-auto",
+        "router": base.router.model_copy(update={"policy": "goodput", "disaggregation": "auto",
+                                                 "admission": "best_effort"}),
+        "serve": base.serve.model_copy(update={"route_prefix": "/auto", "port": free_port()}),
+    })
+    serve.run(Ingress.bind(cfg.model_dump(), controller_name(base)), name=cfg.name, route_prefix="/auto",
+              blocking=False)
+    url = endpoint_url(cfg)
+    wait_until_healthy(url, 120)
+    yield url
+    serve.delete(cfg.name)
+
+
+def test_auto_prefills_a_short_prompt_on_the_idle_decode_worker(auto_endpoint, model_name, workers,
                                                                  colocated_worker):
     """router.disaggregation auto (the default) on idle workers: a short prompt is prefilled on the decode
     worker itself (no KV transfer), counted in /metrics and /v1/stats, and answers as one engine does."""
@@ -172,16 +197,16 @@ def test_auto_prefills_a_short_prompt_on_the_idle_decode_worker(admission_endpoi
 
     _wait_idle(workers)
     prompt = [1200 + 17 * k for k in range(24)]
-    before = httpx.get(f"{admission_endpoint}/metrics", timeout=10).text
-    r = httpx.post(f"{admission_endpoint}/v1/completions", timeout=120, json={
+    before = httpx.get(f"{auto_endpoint}/metrics", timeout=10).text
+    r = httpx.post(f"{auto_endpoint}/v1/completions", timeout=120, json={
         "model": model_name, "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
         "return_token_ids": True})
     assert r.status_code == 200, r.text
-    after = httpx.get(f"{admission_endpoint}/metrics", timeout=10).text
+    after = httpx.get(f"{auto_endpoint}/metrics", timeout=10).text
     key = 'where="local"'
     assert _metric(after, "saaf_prefill_placement_total", key) - _metric(before, "saaf_prefill_placement_total",
                                                                         key) == 1
     want = token_ids(generate(colocated_worker, "colo-local", prompt, params(12, ignore_eos=True)))
     assert r.json()["choices"][0]["token_ids"] == want
-    router = httpx.get(f"{admission_endpoint}/v1/stats", timeout=10).json()["router"]
+    router = httpx.get(f"{auto_endpoint}/v1/stats", timeout=10).json()["router"]
     assert router["disaggregation"] == "auto" and any(k.startswith("local:") for k in router["placements"])

@@ -20,11 +20,11 @@ pytestmark = pytest.mark.integration
 def test_soak_counts_every_request_and_memory_is_flat(tmp_path):
     out = tmp_path / "soak.json"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    r = subprocess.run([sys.executable, "-m", "benchmarks.soak", "--requests", "200", "--concurrency", "32",
+    r = subprocess.run([sys.executable, "-m", "benchmarks.soak", "--requests", "120", "--concurrency", "32",
                         "--out", str(out)], capture_output=True, text=True, timeout=900, env=env)
     print(r.stdout[-3000:])
     assert out.is_file(), r.stdout[-2000:] + r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["checks"] and all(v == "PASS" for v in res["checks"].values()), res
-    assert res["outcomes"]["ok"] >= 180 and res["outcomes"]["expected_4xx"] == 10, res["outcomes"]
+    assert res["outcomes"]["ok"] >= 108 and res["outcomes"]["expected_4xx"] == 6, res["outcomes"]
     assert r.returncode == 0
