@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from placement.catalog import model_from_hf_config
-from placement.config import Coefficients
+from placement.profile_fit import fit_coefficients
 from placement.profile_io import (
     EngineInfo,
     FitInfo,
@@ -41,22 +41,6 @@ logger = logging.getLogger(__name__)
 
 CPU_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
            "HF_HUB_OFFLINE": "1"}
-
-
-def nnls_fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
-    """Least squares with non-negative coefficients (small active-set loop); returns (coef, R^2)."""
-    active = list(range(x.shape[1]))
-    coef = np.zeros(x.shape[1])
-    while active:
-        sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
-        if (sol >= 0).all():
-            coef[:] = 0
-            coef[active] = sol
-            break
-        active.pop(int(np.argmin(sol)))
-    pred = x @ coef
-    ss_tot = float(((y - y.mean()) ** 2).sum()) or 1e-12
-    return coef, 1.0 - float(((y - pred) ** 2).sum()) / ss_tot
 
 
 def _run_steps(engine: Any, prompts: list[list[int]], max_tokens: int, tag: str) -> list[tuple[float, int]]:
@@ -122,10 +106,7 @@ def profile_engine(model_spec: str, out: str | Path, *, kv_cache_mib: int = 128,
                 dec_samples.append([float(b), float(mid_ctx), statistics.median(full) * 1e3])
             logger.info("decode batch %d ctx %d: median %.2f ms", b, ctx,
                         statistics.median(s for s, _ in steps) * 1e3 if steps else float("nan"))
-    p = np.array(pre_samples)
-    (pa, pb, pc), p_r2 = nnls_fit(np.column_stack([p[:, 0], p[:, 1], np.ones(len(p))]), p[:, 2])
-    d = np.array(dec_samples)
-    (da, db, dc), d_r2 = nnls_fit(np.column_stack([d[:, 1], d[:, 0], np.ones(len(d))]), d[:, 2])
+    coefficients, p_r2, d_r2 = fit_coefficients(pre_samples, dec_samples)
     kvb = arch.kv_bytes_per_token("fp32")
     cache = engine.vllm_config.cache_config
     blocks = getattr(cache, "num_gpu_blocks", None)
@@ -141,8 +122,7 @@ def profile_engine(model_spec: str, out: str | Path, *, kv_cache_mib: int = 128,
                             heads=arch.heads, kv_heads=arch.kv_heads, head_dim=arch.head_dim, params=arch.params),
         engine=EngineInfo(dtype="float32", tp=1, block_size=block_size, kv_cache_mib=kv_cache_mib,
                           max_model_len=max_model_len, threads=int(os.environ.get("OMP_NUM_THREADS", "1"))),
-        coefficients=Coefficients(prefill_a=float(pa), prefill_b=float(pb), prefill_c=float(pc), decode_a=float(da),
-                                  decode_b=float(db), decode_c=float(dc)),
+        coefficients=coefficients,
         fit=FitInfo(prefill_r2=round(p_r2, 4), decode_r2=round(d_r2, 4),
                     prefill_samples=[[round(v, 4) for v in s] for s in pre_samples],
                     decode_samples=[[round(v, 4) for v in s] for s in dec_samples]),
