@@ -4,8 +4,10 @@ everything admitted), and the Prometheus metrics scraped during the run show the
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -23,40 +25,48 @@ TTFT_X, TPOT_X = 8.0, 5.0
 TARGETS: dict[str, float] = {}  # ttft_ms, tpot_ms: set by the admission_endpoint fixture
 
 
-@pytest.fixture(scope="module")
-def admission_endpoint(deployment):
-    """A second ingress on the same pools: goodput policy, admission 'reject', under /adm on its own port."""
+@contextlib.contextmanager
+def _ingress(deployment, name: str, prefix: str, router: dict, **sections) -> Iterator[str]:
+    """Another ingress on the session's pools, under `prefix` on its own port, with `router` settings
+    (and other config sections replaced); its URL while the block runs."""
     from ray import serve
 
     from cluster.control.deploy import controller_name, endpoint_url, wait_until_healthy
     from cluster.serve.app import Ingress
 
     base = deployment["config"]
+    cfg = base.model_copy(update={
+        "name": name, "router": base.router.model_copy(update=router),
+        "serve": base.serve.model_copy(update={"route_prefix": prefix, "port": free_port()}), **sections})
+    serve.run(Ingress.bind(cfg.model_dump(), controller_name(base)), name=cfg.name, route_prefix=prefix,
+              blocking=False)
+    try:
+        url = endpoint_url(cfg)
+        wait_until_healthy(url, 120)
+        yield url
+    finally:
+        serve.delete(cfg.name)
+
+
+@pytest.fixture(scope="module")
+def admission_endpoint(deployment):
+    """A second ingress on the same pools: goodput policy, admission 'reject', under /adm on its own port."""
     lone = [_one(deployment["endpoint"], deployment["model"], _prompt(random.Random(100 + i)), None)
             for i in range(4)][1:]  # NOTE: the first one warms up
     ttft = sorted(r["ttft"] for r in lone)[1]
     tpot = sorted(r["tpot"] for r in lone)[1]
     TARGETS.update(ttft_ms=round(TTFT_X * ttft * 1000), tpot_ms=round(TPOT_X * tpot * 1000))
     print(f"\nlone request on this machine: TTFT {ttft * 1000:.0f} ms, TPOT {tpot * 1000:.0f} ms -> targets {TARGETS}")
-    cfg = base.model_copy(update={
-        "name": "itest-adm",
-        # NOTE: ewma_alpha 0.3 (default 0.1): the four warm-up requests below are all the traffic this
-        # ingress has seen; the bundled CPU profile underestimates this busy box's prefill ~2x. A cautious
-        # operator's admit_probability 0.8 (default 0.5) keeps coin-flip requests out on a noisy 2-core box.
-        # NOTE: every prompt on the prefill worker (disaggregation always): this burst is about admission on
-        # one prefill engine; local prefill (auto, the default) is tested below on its own ingress.
-        "router": base.router.model_copy(update={"policy": "goodput", "admission": "reject", "ewma_alpha": 0.3,
-                                                 "admit_probability": 0.8, "disaggregation": "always"}),
-        "serve": base.serve.model_copy(update={"route_prefix": "/adm", "port": free_port()}),
-        # NOTE: the burst's targets are this ingress's own: a header may only tighten them.
-        "slo": base.slo.model_copy(update=TARGETS),
-    })
-    serve.run(Ingress.bind(cfg.model_dump(), controller_name(base)), name=cfg.name, route_prefix="/adm",
-              blocking=False)
-    url = endpoint_url(cfg)
-    wait_until_healthy(url, 120)
-    yield url
-    serve.delete(cfg.name)
+    # NOTE: ewma_alpha 0.3 (default 0.1): the four warm-up requests below are all the traffic this
+    # ingress has seen; the bundled CPU profile underestimates this busy box's prefill ~2x. A cautious
+    # operator's admit_probability 0.8 (default 0.5) keeps coin-flip requests out on a noisy 2-core box.
+    # NOTE: every prompt on the prefill worker (disaggregation always): this burst is about admission on
+    # one prefill engine; local prefill (auto, the default) is tested below on its own ingress.
+    # NOTE: the burst's targets are this ingress's own SLO: a header may only tighten them.
+    with _ingress(deployment, "itest-adm", "/adm", {"policy": "goodput", "admission": "reject", "ewma_alpha": 0.3,
+                                                    "admit_probability": 0.8, "disaggregation": "always"},
+                  slo=deployment["config"].slo.model_copy(update=TARGETS)) as url:
+        yield url
 
 
 def _prompt(rng: random.Random) -> str:
@@ -169,24 +179,9 @@ def test_an_impossible_slo_header_is_a_429_before_any_stream(admission_endpoint,
 @pytest.fixture(scope="module")
 def auto_endpoint(deployment):
     """A third ingress on the same pools with the default router (goodput, disaggregation auto), serving all."""
-    from ray import serve
-
-    from cluster.control.deploy import controller_name, endpoint_url, wait_until_healthy
-    from cluster.serve.app import Ingress
-
-    base = deployment["config"]
-    cfg = base.model_copy(update={
-        "name": "itest-auto",
-        "router": base.router.model_copy(update={"policy": "goodput", "disaggregation": "auto",
-                                                 "admission": "best_effort"}),
-        "serve": base.serve.model_copy(update={"route_prefix": "/auto", "port": free_port()}),
-    })
-    serve.run(Ingress.bind(cfg.model_dump(), controller_name(base)), name=cfg.name, route_prefix="/auto",
-              blocking=False)
-    url = endpoint_url(cfg)
-    wait_until_healthy(url, 120)
-    yield url
-    serve.delete(cfg.name)
+    with _ingress(deployment, "itest-auto", "/auto",
+                  {"policy": "goodput", "disaggregation": "auto", "admission": "best_effort"}) as url:
+        yield url
 
 
 def test_auto_prefills_a_short_prompt_on_the_idle_decode_worker(auto_endpoint, model_name, workers,
