@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import time
@@ -61,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from cluster.control import supervise
+
+    if not (args.address or cfg.ray.address or os.environ.get("RAY_ADDRESS")) and not supervise.is_child():
+        return supervise.supervise(argv)  # NOTE: an embedded Ray: see cluster/control/supervise.py
+    if supervise.is_child():
+        supervise.become_child()
     return _deploy(cfg, args)
 
 
@@ -84,12 +91,20 @@ def _deploy(cfg, args) -> int:
     address = args.address or cfg.ray.address
     embedded = connect(address, num_cpus=cfg.ray.num_cpus, object_store_mib=cfg.ray.object_store_mib,
                        namespace=cfg.ray.namespace)
-    # NOTE: after ray.init, which installs its own SIGTERM handler in the driver. The handler only records
-    # the signal (threading.Event.set() inside a signal handler can deadlock on the Event's own lock when
-    # the signal lands while the main thread waits on it); the serving loop below polls the record.
+    # NOTE: after ray.init, which installs its own SIGTERM handler in the driver. Once serving, the handler
+    # only records the signal (threading.Event.set() inside a signal handler can deadlock on the Event's own
+    # lock when the signal lands while the main thread waits on it); the serving loop below polls the record.
+    # Before that, a signal aborts the start-up (KeyboardInterrupt) and everything started so far is stopped.
     stopped: list[int] = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, _frame: stopped.append(signum))
+    serving = [False]
+
+    def on_signal(signum: int, _frame) -> None:
+        stopped.append(signum)
+        if not serving[0] and len(stopped) == 1:
+            raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     try:
         if cfg.pools == "auto":
             from cluster.control.planning import apply_plan
@@ -107,6 +122,7 @@ def _deploy(cfg, args) -> int:
         if args.detach or not embedded:
             return 0
         print("serving; press Ctrl-C to stop", flush=True)
+        serving[0] = True
         while not stopped:
             time.sleep(0.2)  # NOTE: a signal interrupts the sleep; its handler has run by the next check
         print(f"shutting down: new requests get 503; in-flight ones get up to "
@@ -118,23 +134,28 @@ def _deploy(cfg, args) -> int:
         if not embedded:
             deploy.stop(cfg, drain_timeout_s=0)
         return 1
+    except KeyboardInterrupt:
+        print(f"stopped during start-up ({signal.Signals(stopped[0]).name if stopped else 'SIGINT'}); "
+              "stopping what was started ...", file=sys.stderr, flush=True)
+        if not embedded:
+            deploy.stop(cfg, drain_timeout_s=0)
+        return 130
     finally:
         if embedded:
             shutdown_embedded()
 
 
 def shutdown_embedded() -> None:
-    """Stop Serve, then the embedded Ray, then any process of ours that outlived it."""
-    import os
+    """Stop the embedded Ray, then any process of ours that outlived it.
 
+    NOTE: no serve.shutdown() first: the apps are deleted already, the whole cluster goes, and its
+    controller's graceful shutdown only raced ray.kill and printed Ray errors."""
     import ray
-    from ray import serve
 
     from engine.procs import descendants, reap
 
     ours = descendants(os.getpid())
-    try:
-        serve.shutdown()
-    finally:
-        ray.shutdown()
-        reap(ours, grace_s=10)
+    t0 = time.monotonic()
+    ray.shutdown()
+    reap(ours, grace_s=10)
+    logging.getLogger(__name__).info("embedded Ray stopped in %.1fs", time.monotonic() - t0)

@@ -155,6 +155,10 @@ def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
         wait_until_healthy(endpoint, ready_timeout_s)
     except BaseException:
         stop(cfg, drain_timeout_s=0)
+        try:  # NOTE: its error fetched, so Ray does not print it as unhandled
+            ray.get(started, timeout=10)
+        except Exception:  # noqa: BLE001
+            pass
         raise
     logger.info("startup phases (s since start): %s", {k: round(v, 1) for k, v in timings.items()})
     return {"endpoint": endpoint, "model": cfg.engine.served_model_name or served_name(cfg.engine.model),
@@ -291,16 +295,21 @@ def stop(cfg: DeployConfig, *, drain_timeout_s: float | None = None) -> dict[str
     import ray
     from ray import serve
 
+    t0 = time.monotonic()
     drained = drain(cfg, drain_timeout_s)
+    t1 = time.monotonic()
     try:
         serve.delete(cfg.name)
     except Exception as e:  # noqa: BLE001
         logger.warning("serve.delete(%s): %s", cfg.name, e)
+    t2 = time.monotonic()
     try:
         controller = ray.get_actor(controller_name(cfg), namespace=cfg.ray.namespace)
     except ValueError:
         return drained
     _kill_controller(controller)
+    logger.info("stop: drain %.1fs, Serve app deleted %.1fs, pools stopped %.1fs", t1 - t0, t2 - t1,
+                time.monotonic() - t2)
     return drained
 
 

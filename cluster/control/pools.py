@@ -123,7 +123,9 @@ class PoolController:
             except Exception as e:  # noqa: BLE001 - reported with the worker's name
                 from cluster.control.placer import group_state
 
-                w = self.workers[wid]
+                w = self.workers.get(wid)
+                if w is None:  # NOTE: removed while it started (the deployment is being stopped)
+                    raise RuntimeError(f"worker {wid} was stopped before it was ready") from None
                 w["state"] = "failed"
                 pg_state = group_state(w["pg"])
                 if pg_state != "CREATED":
@@ -295,8 +297,9 @@ class PoolController:
         w = self.workers.pop(wid, None)
         if w is None:
             return
-        try:
-            await asyncio.wait_for(w["handle"].shutdown.remote(), timeout=20)
+        try:  # NOTE: one still starting would run shutdown only after its __init__: it is killed at once
+            if w["state"] != "starting":
+                await asyncio.wait_for(w["handle"].shutdown.remote(), timeout=20)
         except Exception:  # noqa: BLE001
             pass
         ray.kill(w["handle"], no_restart=True)

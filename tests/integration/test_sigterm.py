@@ -1,7 +1,8 @@
-"""Issue 8: graceful shutdown of the embedded deploy CLI.
+"""Issue 8 and 14: graceful shutdown of the embedded deploy CLI, on a signal to its whole process group.
 
 `python -m cluster.deploy CONFIG --no-demo` (embedded Ray, tiny-llama, its own Serve port) serves a few
-streaming requests; SIGTERM arrives while they are in flight. Admission stops at once: /health says
+streaming requests; SIGTERM arrives while they are in flight, sent to the CLI's whole process group (as
+systemd's `KillMode=control-group`, `docker stop` and `timeout` do). Admission stops at once: /health says
 draining and a new request gets 503 with an OpenAI error body. Short streams finish to `data: [DONE]`
 within the drain grace period (serve.drain_timeout_s, here 8 s); streams longer than that end with an
 SSE error event and `[DONE]`, never a bare transport error. Every client ends within a bound; the process
@@ -35,8 +36,9 @@ pytestmark = pytest.mark.integration
 READY_S = 300  # deploy CLI to "OpenAI-compatible endpoint" (Ray start + two tiny engines)
 IN_FLIGHT_S = 60  # until every stream has its first events
 CLIENT_S = 60  # each client must be done this long after SIGTERM
-EXIT_S = 90  # the CLI must have exited this long after SIGTERM
 DRAIN_S = 8  # serve.drain_timeout_s of the deployment
+EXIT_S = DRAIN_S + 15  # the CLI must have exited this long after SIGTERM (issue 14)
+RAY_ERRORS = ("Failed to connect to GCS", "Traceback", "The program will terminate")
 MAX_INFLIGHT, FLOOD, FLOOD_S = 64, 1000, 120  # serve.max_inflight of the deployment; the flood's clients
 SHORT, LONG = 300, 1950  # max_tokens: the short ones end inside the 8 s drain, the long ones cannot
 
@@ -122,48 +124,93 @@ class Client:
                 + (f" body={self.body!r}" if self.body is not None else ""))
 
 
-@pytest.fixture(scope="module")
-def deploy_cli(tmp_path_factory):
-    """The deploy CLI in a subprocess with its own embedded Ray; ended and reaped whatever happens."""
-    from cluster.control.runtime import LOOPBACK_ENV
-    from engine.procs import descendants, reap
-
+def _config(tmp: Path, name: str) -> tuple[Path, int]:
     port = free_port()
-    cfg = {"name": "sigterm", "mode": "disaggregated",
+    cfg = {"name": name, "mode": "disaggregated",
            "engine": {"model": "tiny-llama", "kv_cache_mib": 32, "max_model_len": 2048},
            "pools": {"prefill": 1, "decode": 1}, "serve": {"port": port, "drain_timeout_s": DRAIN_S, "max_inflight": MAX_INFLIGHT},
-           "ray": {"namespace": "saaf-sigterm", "num_cpus": 8}}
-    path = tmp_path_factory.mktemp("sigterm") / "deploy-sigterm.yaml"
+           "ray": {"namespace": f"saaf-{name}", "num_cpus": 8}}
+    path = tmp / f"deploy-{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
+    return path, port
+
+
+def _launch(path: Path) -> tuple[subprocess.Popen, list[str], threading.Thread]:
+    """The deploy CLI as its process group's leader, its own embedded Ray; output collected in a list."""
+    from cluster.control.runtime import LOOPBACK_ENV
+
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # NOTE: embedded, never the session Ray
     env.update(LOOPBACK_ENV, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "cluster.deploy", str(path), "--no-demo"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        for line in proc.stdout:
-            lines.append(line.rstrip())
-            if "OpenAI-compatible endpoint" in line:
-                ready.set()
-
-    reader = threading.Thread(target=pump, daemon=True)
+    reader = threading.Thread(target=lambda: lines.extend(line.rstrip() for line in proc.stdout), daemon=True)
     reader.start()
+    return proc, lines, reader
+
+
+def _end(proc: subprocess.Popen, family: dict[int, str | None], reader: threading.Thread) -> None:
+    from engine.procs import descendants, reap
+
+    if proc.poll() is None:
+        family.update({p: _start_time(p) for p in descendants(proc.pid)})
+        proc.kill()
+        proc.wait(30)
+    reap([p for p, started in family.items() if _alive(p, started)], grace_s=5)
+    reader.join(10)
+
+
+def _survivors(family: dict[int, str | None]) -> dict[int, str]:
+    end = time.monotonic() + 5  # NOTE: its own reaper may still be finishing the last SIGKILLed ones
+    while time.monotonic() < end and any(_alive(p, s) for p, s in family.items()):
+        time.sleep(0.2)
+    return {p: _cmdline(p) for p, s in family.items() if _alive(p, s)}
+
+
+def test_sigint_to_the_group_during_start_up_leaves_nothing(tmp_path):
+    """Ctrl-C (SIGINT to the whole group, as a terminal sends it) while the engines load: the CLI stops what
+    it started and exits within 15 s; none of its processes is left and Ray printed no error."""
+    from engine.procs import descendants
+
+    proc, lines, reader = _launch(_config(tmp_path, "sigint")[0])
+    family: dict[int, str | None] = {}
+    try:
+        deadline = time.monotonic() + READY_S
+        while not any("Worker.__init__" in _cmdline(p) for p in descendants(proc.pid)):  # an engine loading
+            assert proc.poll() is None and time.monotonic() < deadline, "\n".join(lines[-30:])
+            time.sleep(0.2)
+        family.update({p: _start_time(p) for p in descendants(proc.pid)})
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            rc = proc.wait(15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("deploy CLI still running 15 s after Ctrl-C during start-up:\n" + "\n".join(lines[-30:]))
+        print(f"\nCtrl-C during start-up: exit code {rc} after {time.monotonic() - t0:.1f}s")
+        survivors = _survivors(family)
+        assert not survivors, f"processes of the deploy CLI outlived it: {survivors}"
+        reader.join(10)
+        assert rc == 130 and "stopped during start-up (SIGINT)" in "\n".join(lines), "\n".join(lines[-30:])
+        assert not [e for e in RAY_ERRORS if e in "\n".join(lines)], "\n".join(lines[-30:])
+    finally:
+        _end(proc, family, reader)
+
+
+@pytest.fixture(scope="module")
+def deploy_cli(tmp_path_factory):
+    """The deploy CLI in a subprocess with its own embedded Ray; ended and reaped whatever happens."""
+    path, port = _config(tmp_path_factory.mktemp("sigterm"), "sigterm")
+    proc, lines, reader = _launch(path)
     family: dict[int, str | None] = {}  # the test records the CLI's descendants here before SIGTERM
     try:
         deadline = time.monotonic() + READY_S
-        while not ready.wait(1.0):
+        while not any("OpenAI-compatible endpoint" in line for line in lines):
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"deploy CLI not ready (exit code {proc.poll()}):\n" + "\n".join(lines[-40:]))
+            time.sleep(0.5)
         yield proc, f"http://127.0.0.1:{port}", lines, family
     finally:
-        if proc.poll() is None:
-            family.update({p: _start_time(p) for p in descendants(proc.pid)})
-            proc.kill()
-            proc.wait(30)
-        reap([p for p, started in family.items() if _alive(p, started)], grace_s=5)
-        reader.join(10)
+        _end(proc, family, reader)
 
 
 def test_a_flood_is_refused_at_once_and_nothing_hangs(deploy_cli):
@@ -223,7 +270,7 @@ def test_sigterm_with_streams_in_flight(deploy_cli):
     family.update({p: _start_time(p) for p in descendants(proc.pid)})
     assert family, "the deploy CLI has no child processes?"
     t0 = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGTERM)  # NOTE: the whole group: the CLI was started as its leader
     draining = None
     while time.monotonic() < t0 + DRAIN_S:
         try:
@@ -261,9 +308,7 @@ def test_sigterm_with_streams_in_flight(deploy_cli):
     print(f"deploy CLI exited with {rc} after {time.monotonic() - t0:.1f}s")
     assert rc == 0, "\n".join(lines[-30:])
     assert "shutting down" in "\n".join(lines)
+    assert not [e for e in RAY_ERRORS if e in "\n".join(lines)], "\n".join(lines[-30:])
 
-    end = time.monotonic() + 5  # NOTE: its own reaper may still be finishing the last SIGKILLed ones
-    while time.monotonic() < end and any(_alive(p, s) for p, s in family.items()):
-        time.sleep(0.2)
-    survivors = {p: _cmdline(p) for p, s in family.items() if _alive(p, s)}
+    survivors = _survivors(family)
     assert not survivors, f"processes of the deploy CLI outlived it: {survivors}"
