@@ -117,14 +117,14 @@ def server_requests(endpoint: str) -> dict[str, float]:
 
 
 async def load(endpoint: str, model: str, n: int, concurrency: int, seed: int,
-               progress: list[int]) -> list[Outcome]:
+               progress: list[int], headers: dict[str, str] | None = None) -> list[Outcome]:
     rng = random.Random(seed)
     plans = [plan(i, rng) for i in range(n)]
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(n):
         queue.put_nowait(i)
     out: list[Outcome] = []
-    async with httpx.AsyncClient(timeout=httpx.Timeout(180, connect=10),
+    async with httpx.AsyncClient(timeout=httpx.Timeout(180, connect=10), headers=headers,
                                  limits=httpx.Limits(max_connections=concurrency)) as client:
         async def worker() -> None:
             while not queue.empty():
@@ -156,13 +156,15 @@ def run(requests: int, concurrency: int, seed: int = 0) -> dict:
     return res
 
 
-def soak(endpoint: str, pids: Callable[[], list[int]], requests: int, concurrency: int, seed: int = 0) -> dict:
+def soak(endpoint: str, pids: Callable[[], list[int]], requests: int, concurrency: int, seed: int = 0,
+         api_key: str | None = None) -> dict:
     """REQUESTS requests against a running deployment whose process tree ``pids()`` lists: one uncounted
     warm-up round, then the counted load with the tree's PSS sampled every 0.25 s."""
-    model = httpx.get(f"{endpoint}/v1/models", timeout=10).json()["data"][0]["id"]
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    model = httpx.get(f"{endpoint}/v1/models", timeout=10, headers=headers).json()["data"][0]["id"]
     res: dict = {"requests": requests, "concurrency": concurrency}
     # NOTE: one round of warm-up requests (not counted) so first-use allocations are not "growth".
-    asyncio.run(load(endpoint, model, concurrency, concurrency, seed + 1, [0]))
+    asyncio.run(load(endpoint, model, concurrency, concurrency, seed + 1, [0], headers))
     before = server_requests(endpoint)
     progress = [0]
     samples: list[tuple[int, int]] = []  # (requests done, PSS bytes)
@@ -178,7 +180,7 @@ def soak(endpoint: str, pids: Callable[[], list[int]], requests: int, concurrenc
     t0 = time.monotonic()
     start_pss = pss_by_process(pids())
     try:
-        outcomes = asyncio.run(load(endpoint, model, requests, concurrency, seed, progress))
+        outcomes = asyncio.run(load(endpoint, model, requests, concurrency, seed, progress, headers))
     finally:
         stop.set()
         sampler.join(10)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -112,9 +115,42 @@ class RouterConfig(BaseModel):
         return self
 
 
+class KeyFromEnv(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    env: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Environment variable holding one key")
+
+
+class KeyFromFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    file: str = Field(min_length=1, description="File with one key per line ('#' comments, blank lines skipped)")
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class ServeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     host: str = Field("127.0.0.1", description="HTTP bind address")
+    api_keys: list[str | KeyFromEnv | KeyFromFile] = Field(
+        default_factory=list, description="Keys clients must send (`Authorization: Bearer KEY`): inline strings, "
+                                          "{env: VAR} or {file: PATH}; read on the deploying machine at start")
+    api_key_sha256: list[str] = Field(
+        default_factory=list, description="Keys given as SHA-256 hex digests (what the replicas hold; api_keys "
+                                          "end up here)")
+    auth_health: bool = Field(False, description="/health needs a key too (default: open, for load balancers)")
+    auth_metrics: bool = Field(False, description="/metrics needs a key too (default: open, for Prometheus)")
+    allow_unauthenticated: bool = Field(
+        False, description="Serve a non-loopback host without api_keys (anyone who reaches the port can use it)")
     port: int = Field(8000, ge=1, le=65535, description="The endpoint's port")
     direct: bool = Field(
         True, description="The ingress replica serves HTTP itself on host:port (one hop less than Ray Serve's "
@@ -138,6 +174,20 @@ class ServeConfig(BaseModel):
     drain_timeout_s: float = Field(
         30, ge=0, le=3600, description="On shutdown (SIGTERM, `shutdown`): seconds in-flight requests get to "
                                        "finish while new ones get 503; then the rest end with an error")
+
+    @model_validator(mode="after")
+    def _exposed(self) -> ServeConfig:
+        for d in self.api_key_sha256:
+            if len(d) != 64 or any(c not in "0123456789abcdefABCDEF" for c in d):
+                raise ValueError(f"api_key_sha256: {d[:12]!r}... is not a SHA-256 hex digest (64 hex digits)")
+        if self.api_keys and any(isinstance(k, str) and not k.strip() for k in self.api_keys):
+            raise ValueError("api_keys: an inline key is empty")
+        if not is_loopback(self.host) and not (self.api_keys or self.api_key_sha256) and not self.allow_unauthenticated:
+            raise ValueError(
+                f"host {self.host!r} is reachable from other machines and no api_keys are set: give "
+                "serve.api_keys (e.g. [{env: SAAF_API_KEY}]), bind host 127.0.0.1, or set "
+                "serve.allow_unauthenticated: true")
+        return self
 
 
 class HealthConfig(BaseModel):
@@ -217,6 +267,7 @@ def load_config(path: str | Path | None, *, check_paths: bool = True) -> DeployC
     cfg = parse_config(data, str(path))
     if check_paths:
         check_model(cfg)
+        cfg, _ = resolve_api_keys(cfg)
     if cfg.planner is not None:
         planner = cfg.planner
         if isinstance(planner, dict) and "slo" not in planner:  # NOTE: the deployment's SLO, given once
@@ -253,6 +304,37 @@ def _planner_dict(planner: dict[str, Any] | str, base: Path) -> dict[str, Any]:
     except PlacementError as e:
         raise ConfigError(f"planner: {e}") from None
     return pc.model_dump(mode="json", exclude_none=True)
+
+
+def resolve_api_keys(cfg: DeployConfig) -> tuple[DeployConfig, str | None]:
+    """serve.api_keys read (inline, env, file) into serve.api_key_sha256, so the config the replicas get
+    holds no key. Returns the config and one plain key (for the CLI's own demo request), or None."""
+    keys: list[str] = []
+    for k in cfg.serve.api_keys:
+        if isinstance(k, str):
+            keys.append(k.strip())
+        elif isinstance(k, KeyFromEnv):
+            value = os.environ.get(k.env, "").strip()
+            if not value:
+                raise ConfigError(f"serve.api_keys: environment variable {k.env} is not set (or empty); export "
+                                  "it before deploying, or give the key another way")
+            keys.append(value)
+        else:
+            path = Path(k.file).expanduser()
+            try:
+                lines = path.read_text(encoding="utf-8").splitlines()
+            except (OSError, UnicodeDecodeError) as e:
+                raise ConfigError(f"serve.api_keys: cannot read key file {k.file!r} ({e}); give a readable "
+                                  "file with one key per line") from None
+            found = [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+            if not found:
+                raise ConfigError(f"serve.api_keys: key file {k.file!r} holds no key (one per line)")
+            keys.extend(found)
+    if not keys:
+        return cfg, None
+    digests = list(dict.fromkeys([*cfg.serve.api_key_sha256, *(key_digest(k) for k in keys)]))
+    serve = cfg.serve.model_copy(update={"api_keys": [], "api_key_sha256": digests})
+    return cfg.model_copy(update={"serve": serve}), keys[0]
 
 
 def check_model(cfg: DeployConfig) -> None:

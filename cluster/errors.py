@@ -10,14 +10,18 @@ class ServeError(Exception):
     """`status` is the HTTP status; `code` a short machine-readable reason (e.g. `slo_unattainable`)."""
 
     def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, retry_after_s: float | None = None) -> None:
+                 param: str | None = None, code: str | None = None, retry_after_s: float | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
         self.retry_after_s = retry_after_s
+        self._headers = dict(headers or {})
 
     @property
     def headers(self) -> dict[str, str]:
-        return {} if self.retry_after_s is None else {"Retry-After": str(max(1, round(self.retry_after_s)))}
+        if self.retry_after_s is None:
+            return dict(self._headers)
+        return {**self._headers, "Retry-After": str(max(1, round(self.retry_after_s)))}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

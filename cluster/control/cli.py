@@ -116,7 +116,7 @@ def _deploy(cfg, args) -> int:
         print(deploy.pool_table(info["workers"]))
         print(f"ready in {info['startup_s']:.1f}s")
         if not args.no_demo:
-            answer = deploy.ask(info["endpoint"], info["model"], DEMO_QUESTION)
+            answer = deploy.ask(info["endpoint"], info["model"], DEMO_QUESTION, api_key=info["api_key"])
             print(f"Q: {DEMO_QUESTION}\nA: {answer.strip()}")
         print(f"OpenAI-compatible endpoint: {info['endpoint']}/v1  (model '{info['model']}')", flush=True)
         if args.detach or not embedded:

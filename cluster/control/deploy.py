@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from cluster.config import ConfigError, DeployConfig
+from cluster.config import ConfigError, DeployConfig, resolve_api_keys
 
 logger = logging.getLogger(__name__)
 
@@ -96,11 +96,16 @@ def wait_http(url: str, timeout_s: float) -> dict[str, Any]:
     raise TimeoutError(f"{url} not ready within {timeout_s:.0f}s: {last}")
 
 
-def ask(endpoint: str, model: str, question: str, max_tokens: int = 48, timeout_s: float = 120) -> str:
+def _auth(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def ask(endpoint: str, model: str, question: str, max_tokens: int = 48, timeout_s: float = 120,
+        api_key: str | None = None) -> str:
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": question}],
                        "max_tokens": max_tokens, "temperature": 0}).encode()
     req = urllib.request.Request(f"{endpoint}/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **_auth(api_key)})
     with urllib.request.urlopen(req, timeout=timeout_s) as r:
         return json.loads(r.read())["choices"][0]["message"]["content"]
 
@@ -118,6 +123,7 @@ def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
     from cluster.control.runtime import cluster_gpus
     from engine.models import resolve_model, served_name
 
+    cfg, api_key = resolve_api_keys(cfg)  # NOTE: the replicas get digests only
     nodes = cluster_gpus()
     cfg = resolve_backends(resolve_device(cfg, nodes), nodes)
     sizes = pool_sizes(cfg)
@@ -152,7 +158,7 @@ def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
                 fabric.result(timeout=cfg.engine.startup_timeout_s)
         infos = ray.get(started, timeout=cfg.engine.startup_timeout_s + 30)
         timings["pools_s"] = time.monotonic() - t0
-        wait_until_healthy(endpoint, ready_timeout_s)
+        wait_until_healthy(endpoint, ready_timeout_s, api_key)
     except BaseException:
         stop(cfg, drain_timeout_s=0)
         try:  # NOTE: its error fetched, so Ray does not print it as unhandled
@@ -162,7 +168,8 @@ def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
         raise
     logger.info("startup phases (s since start): %s", {k: round(v, 1) for k, v in timings.items()})
     return {"endpoint": endpoint, "model": cfg.engine.served_model_name or served_name(cfg.engine.model),
-            "workers": infos, "startup_s": time.monotonic() - t0, "config": cfg, "timings": timings}
+            "workers": infos, "startup_s": time.monotonic() - t0, "config": cfg, "timings": timings,
+            "api_key": api_key}
 
 
 def proxy_port(cfg: DeployConfig) -> int:
@@ -183,11 +190,12 @@ def _timed(timings: dict[str, float], key: str, fn: Any, *args: Any) -> Any:
         timings[key] = time.monotonic() - t
 
 
-def wait_until_healthy(endpoint: str, timeout_s: float) -> None:
+def wait_until_healthy(endpoint: str, timeout_s: float, api_key: str | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            with urllib.request.urlopen(f"{endpoint}/health", timeout=5) as r:
+            req = urllib.request.Request(f"{endpoint}/health", headers=_auth(api_key))
+            with urllib.request.urlopen(req, timeout=5) as r:
                 if r.status == 200:
                     return
         except (urllib.error.URLError, OSError):

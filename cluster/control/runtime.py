@@ -20,13 +20,15 @@ def connect(address: str | None, *, num_cpus: int | None, object_store_mib: int,
     """Connect to Ray. Returns True when this process started an embedded local cluster."""
     import ray
 
-    os.environ.update({k: os.environ.get(k, v) for k, v in LOOPBACK_ENV.items()})
     address = address or os.environ.get("RAY_ADDRESS")
-    env_vars = {k: os.environ[k] for k in LOOPBACK_ENV}
     if address:
-        ray.init(address=address, namespace=namespace, runtime_env={"env_vars": env_vars},
-                 logging_level=logging.WARNING, log_to_driver=False)
+        # NOTE: a user's cluster: its auth mode (RAY_AUTH_MODE, token) is its owner's to set, never ours
+        # (issue 14); only usage stats stay off unless the user's environment says otherwise.
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(address=address, namespace=namespace, logging_level=logging.WARNING, log_to_driver=False)
         return False
+    os.environ.update({k: os.environ.get(k, v) for k, v in LOOPBACK_ENV.items()})
+    env_vars = {k: os.environ[k] for k in LOOPBACK_ENV}
     cpus = num_cpus or max(4, (os.cpu_count() or 2) + 2)
     # NOTE: address="local" always starts a new cluster; without it ray.init() attaches to whatever
     # `ray start` last left in /tmp/ray/ray_current_cluster, even a stale one.

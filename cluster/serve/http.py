@@ -1,6 +1,7 @@
 """The HTTP app of an ingress replica: vLLM's own OpenAI routers over our EngineClient, set up the way
 vLLM sets up its server (`init_app_state` with arguments from its arg parser), plus our own /health
-(draining), /metrics, /v1/stats and /v1/models/{id}, and the Guard middleware in front.
+(draining), /metrics, /v1/stats and /v1/models/{id}, and the Guard (and, with serve.api_keys, Auth)
+middleware in front.
 
 vLLM's routers mounted: chat completions, completions, responses, Anthropic messages, models, tokenize /
 detokenize. Not mounted: vLLM's /health and /metrics (ours answer there), LoRA, profiling, sleep, pooling.
@@ -19,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.errors import ServeError
 from cluster.serve import admit
+from cluster.serve.auth import Auth
 from cluster.serve.engine_client import TASKS, PDEngineClient
 from cluster.serve.guard import Guard
 
@@ -98,4 +100,7 @@ async def build_app(client: PDEngineClient, args: Any, *, health: Callable[[], t
     sc = client.svc.cfg.serve
     app.add_middleware(Guard, max_body_bytes=sc.max_body_bytes, max_inflight=sc.max_inflight,
                        draining=lambda: client.draining)
+    if sc.api_key_sha256:  # NOTE: added last, so outermost: a request without a key costs no in-flight slot
+        app.add_middleware(Auth, digests=sc.api_key_sha256, auth_health=sc.auth_health,
+                           auth_metrics=sc.auth_metrics)
     return app

@@ -41,6 +41,8 @@ DRAIN_S = 8  # serve.drain_timeout_s of the deployment
 EXIT_S = DRAIN_S + 15  # the CLI must have exited this long after SIGTERM (issue 14)
 RAY_ERRORS = ("Failed to connect to GCS", "Traceback", "The program will terminate")
 MAX_INFLIGHT, FLOOD, FLOOD_S = 64, 1000, 120  # serve.max_inflight of the deployment; the flood's clients
+API_KEY = "sk-sigterm-test-key"  # serve.api_keys: [{env: SAAF_TEST_API_KEY}] (issue 14), given in the env
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 SOAK_REQUESTS = 400  # the soak's length in CI (the committed run has 2,000)
 SHORT, LONG = 300, 1950  # max_tokens: the short ones end inside the 8 s drain, the long ones cannot
 
@@ -88,7 +90,7 @@ class Client:
         body = {"model": self.model, "stream": self.stream, "max_tokens": self.max_tokens, "ignore_eos": True,
                 "messages": [{"role": "user", "content": f"Count to a thousand, attempt {self.index}."}]}
         try:
-            with httpx.Client(timeout=httpx.Timeout(CLIENT_S - 10, connect=10)) as c, \
+            with httpx.Client(timeout=httpx.Timeout(CLIENT_S - 10, connect=10), headers=AUTH) as c, \
                     c.stream("POST", f"{self.endpoint}/v1/chat/completions", json=body) as r:
                 self.status = r.status_code
                 if r.status_code != 200 or not self.stream:
@@ -136,6 +138,7 @@ def _config(tmp: Path, name: str) -> tuple[Path, int]:
            # serve.max_inflight, which holds whatever the admission policy.
            "router": {"admission": "best_effort"},
            "ray": {"namespace": f"saaf-{name}", "num_cpus": 8}}
+    cfg["serve"]["api_keys"] = [{"env": "SAAF_TEST_API_KEY"}]
     path = tmp / f"deploy-{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path, port
@@ -146,7 +149,7 @@ def _launch(path: Path) -> tuple[subprocess.Popen, list[str], threading.Thread]:
     from cluster.control.runtime import LOOPBACK_ENV
 
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # NOTE: embedded, never the session Ray
-    env.update(LOOPBACK_ENV, PYTHONUNBUFFERED="1")
+    env.update(LOOPBACK_ENV, PYTHONUNBUFFERED="1", SAAF_TEST_API_KEY=API_KEY)
     proc = subprocess.Popen([sys.executable, "-m", "cluster.deploy", str(path), "--no-demo"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[str] = []
@@ -228,21 +231,52 @@ def test_soak_counts_every_request_and_memory_is_flat(deploy_cli):
     from benchmarks.soak import soak
 
     proc, endpoint, lines, family = deploy_cli
-    res = soak(endpoint, lambda: tree(proc.pid), SOAK_REQUESTS, 32)
+    res = soak(endpoint, lambda: tree(proc.pid), SOAK_REQUESTS, 32, api_key=API_KEY)
     print("\n" + json.dumps({k: v for k, v in res.items() if k != "unexpected"}, indent=1))
     assert res["checks"] and all(v == "PASS" for v in res["checks"].values()), res
     assert res["outcomes"]["ok"] >= SOAK_REQUESTS * 0.9 and res["outcomes"]["expected_4xx"] == SOAK_REQUESTS // 20
+
+
+def test_api_keys_from_the_environment_guard_the_endpoint(deploy_cli):
+    """serve.api_keys [{env: ...}] read by the deploy CLI: the openai client without a key or with a wrong one
+    gets 401 with an OpenAI error body (openai.AuthenticationError), with the key an answer; an Anthropic
+    client's x-api-key works on /v1/messages; /health and /metrics stay open (the defaults)."""
+    import openai
+
+    proc, endpoint, lines, family = deploy_cli
+    for key in (None, "sk-wrong"):
+        with httpx.Client(timeout=30) as c:
+            r = c.post(f"{endpoint}/v1/completions", json={"model": "tiny-llama", "prompt": "hi", "max_tokens": 2},
+                       headers={"Authorization": f"Bearer {key}"} if key else {})
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", r.text
+            assert r.json()["error"]["code"] == "invalid_api_key" and "serve.api_keys" in r.json()["error"]["message"]
+            assert c.get(f"{endpoint}/v1/models", headers={"Authorization": f"Bearer {key}"} if key else {}
+                         ).status_code == 401
+    bad = openai.OpenAI(base_url=f"{endpoint}/v1", api_key="sk-wrong", max_retries=0, timeout=30)
+    with pytest.raises(openai.AuthenticationError):
+        bad.completions.create(model="tiny-llama", prompt="hi", max_tokens=2)
+    good = openai.OpenAI(base_url=f"{endpoint}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    model = good.models.list().data[0].id
+    out = good.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                       extra_body={"ignore_eos": True})
+    assert out.usage.completion_tokens == 3
+    r = httpx.post(f"{endpoint}/v1/messages", timeout=60, headers={"x-api-key": API_KEY}, json={
+        "model": model, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200, r.text
+    assert httpx.get(f"{endpoint}/health", timeout=10).status_code == 200
+    assert "saaf_requests_total" in httpx.get(f"{endpoint}/metrics", timeout=10).text
 
 
 def test_a_flood_is_refused_at_once_and_nothing_hangs(deploy_cli):
     """1,000 concurrent clients against one ingress replica capped at MAX_INFLIGHT: every one answered (200,
     or 429 with Retry-After), no 5xx, no hang, and a good request is served normally right after."""
     proc, endpoint, lines, family = deploy_cli
-    model = httpx.get(f"{endpoint}/v1/models", timeout=10).json()["data"][0]["id"]
+    model = httpx.get(f"{endpoint}/v1/models", timeout=10, headers=AUTH).json()["data"][0]["id"]
 
     async def flood() -> list[tuple[int | None, str | None, str, float]]:
         limits = httpx.Limits(max_connections=FLOOD, max_keepalive_connections=0)
-        async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(FLOOD_S, connect=FLOOD_S)) as c:
+        async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(FLOOD_S, connect=FLOOD_S),
+                                     headers=AUTH) as c:
             async def one(i: int):
                 t = time.monotonic()
                 try:
@@ -264,7 +298,8 @@ def test_a_flood_is_refused_at_once_and_nothing_hangs(deploy_cli):
     refused = [g for g in got if g[0] == 429]
     assert all(ra and '"error"' in body for _, ra, body, _ in refused), refused[:3]
     t1 = time.monotonic()
-    r = httpx.post(f"{endpoint}/v1/completions", timeout=60, json={"model": model, "prompt": "Hello", "max_tokens": 4})
+    r = httpx.post(f"{endpoint}/v1/completions", timeout=60, headers=AUTH,
+                   json={"model": model, "prompt": "Hello", "max_tokens": 4})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1, r.text
     assert time.monotonic() - t1 < 10, "a good request right after the flood was slow"
 
@@ -273,7 +308,7 @@ def test_sigterm_with_streams_in_flight(deploy_cli):
     from engine.procs import descendants
 
     proc, endpoint, lines, family = deploy_cli
-    model = httpx.get(f"{endpoint}/v1/models", timeout=10).json()["data"][0]["id"]
+    model = httpx.get(f"{endpoint}/v1/models", timeout=10, headers=AUTH).json()["data"][0]["id"]
     clients = [Client(endpoint, model, i, n) for i, n in enumerate([SHORT, SHORT, LONG, LONG])]
     for c in clients:
         c.thread = threading.Thread(target=c.run, daemon=True)

@@ -272,3 +272,12 @@ def test_gcp_zones_and_regions_agree(path: Path) -> None:
             assert nic["subnetwork"].startswith(f"regions/{region}/subnetworks/"), (name, nic)
         if name != cfg["head_node_type"]:
             assert conf["scheduling"]["onHostMaintenance"] == "TERMINATE", name
+
+
+@pytest.mark.parametrize("path", by_provider("gcp"), ids=ids(by_provider("gcp")))
+def test_gcp_workers_get_no_public_ip(path: Path) -> None:
+    """Issue 14: Ray's, NIXL's and the engines' ports stay inside the VPC; only the head is reachable."""
+    cfg = load(path)
+    for name, spec in cfg["available_node_types"].items():
+        if name != cfg["head_node_type"]:
+            assert not any(nic.get("accessConfigs") for nic in spec["node_config"]["networkInterfaces"]), name
