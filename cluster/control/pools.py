@@ -44,6 +44,7 @@ class PoolController:
         self.version = 0
         self.events: list[dict[str, Any]] = []  # health replacements, for status and the fault matrix
         self._health_task: asyncio.Task | None = None
+        self._replacing: dict[str, asyncio.Task] = {}  # worker id -> its replacement, running beside the checks
         self._calibration: asyncio.Task | None = None
         self._calibrated: tuple[int, Any] = (0, None)  # (version, latest Calibration) as published
 
@@ -179,8 +180,17 @@ class PoolController:
                 w.setdefault("first_miss_at", t)
                 logger.warning("worker %s missed health check %d/%d: %s", wid, w["misses"], hc.failures,
                                type(e).__name__)
-        if w["misses"] >= hc.failures and w["state"] == "ready":
-            await self._replace(wid)
+        if w["misses"] >= hc.failures and w["state"] == "ready" and wid not in self._replacing:
+            # NOTE: a task of its own: a replacement can take startup_timeout_s, and every other worker
+            # keeps being checked (and replaced) meanwhile (issue 14)
+            task = asyncio.get_running_loop().create_task(self._replace(wid))
+            self._replacing[wid] = task
+            task.add_done_callback(lambda t, wid=wid: self._replaced(wid, t))
+
+    def _replaced(self, wid: str, task: asyncio.Task) -> None:
+        self._replacing.pop(wid, None)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("replacing worker %s failed: %s", wid, task.exception())
 
     async def _replace(self, wid: str) -> None:
         """Out of routing at once; Ray restarts the actor (a new engine); back in when it answers."""
@@ -308,7 +318,7 @@ class PoolController:
         remove_group(w["pg"])
 
     async def shutdown(self) -> None:
-        for t in (self._health_task, self._calibration):
+        for t in (self._health_task, self._calibration, *self._replacing.values()):
             if t is not None:
                 t.cancel()
         await asyncio.gather(*(self._stop(wid) for wid in list(self.workers)))
