@@ -162,6 +162,8 @@ class ServeConfig(BaseModel):
     request_timeout_s: float = Field(300, gt=0, description="Max seconds for one request end to end")
     token_timeout_s: float = Field(60, gt=0, description="Max seconds between two streamed tokens")
     max_body_bytes: int = Field(1 << 20, gt=0, description="Largest accepted request body")
+    body_timeout_s: float = Field(30, gt=0, le=3600, description="Seconds a client gets to send a request body; "
+                                                                "then 408 (slow or stalled clients)")
     recovery_timeout_s: float = Field(
         90, gt=0, description="Max seconds a request waits for a pool with no healthy worker (restarts)"
     )

@@ -50,9 +50,26 @@ def pool_sizes(cfg: DeployConfig) -> dict[str, int]:
     return {"prefill": cfg.pools.prefill, "decode": cfg.pools.decode}
 
 
+def check_cpu_memory(cfg: DeployConfig, sizes: dict[str, int], nodes: list[dict[str, Any]]) -> None:
+    """CPU engines: each engine's KV cache (engine.kv_cache_mib, allocated at start) must fit one node's
+    memory and all of them the cluster's (Ray's `memory` resource: what it schedules with). NOTE: without
+    this, vLLM's EngineCore dies at start and the user reads "Engine core initialization failed"."""
+    mib = cfg.engine.kv_cache_mib or 256
+    engines = sum(sizes.values())
+    node_mib = [int(n.get("memory", 0)) >> 20 for n in nodes if n.get("memory")]
+    if not node_mib:
+        return
+    if mib > max(node_mib) or mib * engines > sum(node_mib):
+        raise ConfigError(
+            f"engine.kv_cache_mib {mib} MiB per engine x {engines} engine(s) = {mib * engines} MiB of KV cache, "
+            f"but the cluster's nodes have {', '.join(f'{m} MiB' for m in node_mib)} of memory for Ray; lower "
+            "engine.kv_cache_mib or the pool sizes, or add memory")
+
+
 def check_resources(cfg: DeployConfig, sizes: dict[str, int], nodes: list[dict[str, Any]]) -> None:
     """Fail before starting anything when the cluster cannot hold the pools."""
     if cfg.engine.device != "cuda":
+        check_cpu_memory(cfg, sizes, nodes)
         return
     pools = cfg.pools if cfg.pools != "auto" else None
     per_role = {}
@@ -156,7 +173,10 @@ def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
             timings["serve_s"] = time.monotonic() - t0
             if fabric is not None:
                 fabric.result(timeout=cfg.engine.startup_timeout_s)
-        infos = ray.get(started, timeout=cfg.engine.startup_timeout_s + 30)
+        try:
+            infos = ray.get(started, timeout=cfg.engine.startup_timeout_s + 30)
+        except ray.exceptions.RayTaskError as e:  # NOTE: the controller's own message, not its traceback
+            raise RuntimeError(str(getattr(e, "cause", None) or e)) from None
         timings["pools_s"] = time.monotonic() - t0
         wait_until_healthy(endpoint, ready_timeout_s, api_key)
     except BaseException:

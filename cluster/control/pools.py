@@ -33,6 +33,13 @@ def actor_state(handle: Any) -> str:
         return "UNKNOWN"
 
 
+def _root_cause(e: BaseException) -> str:
+    """The last line of the innermost error Ray reports for an actor whose creation task raised."""
+    text = str(getattr(e, "error_msg", None) or e).strip()
+    last = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith(" ")]
+    return last[-1][:400] if last else type(e).__name__
+
+
 class PoolController:
     def __init__(self, deploy_cfg: dict[str, Any]) -> None:
         from cluster.config import DeployConfig
@@ -135,6 +142,10 @@ class PoolController:
                         f"worker {wid} did not start within {timeout:.0f}s: its placement group "
                         f"{w['bundles']}{where} is {pg_state} (the cluster has no room for it); free or add "
                         "resources, or lower the pool sizes") from e
+                if isinstance(e, ray.exceptions.RayActorError):  # NOTE: its __init__ raised: the engine failed
+                    raise RuntimeError(
+                        f"worker {wid} failed to start: {_root_cause(e)}; the worker's log (Ray's "
+                        "session logs, worker-*.err) has vLLM's own message") from None
                 raise RuntimeError(f"worker {wid} did not start within {timeout:.0f}s: {e}") from e
         self.version += 1
 

@@ -4,7 +4,8 @@
   (requests are parsed and rendered only once admitted here, so a flood costs almost nothing);
 - draining: new POST requests get 503 `shutting_down` once shutdown began;
 - the body: larger than `serve.max_body_bytes` (declared or, for chunked bodies, counted while reading) is a
-  413 before the rest is read; invalid UTF-8 and \\u escapes of lone UTF-16 surrogates are 400s (the
+  413 before the rest is read; a body not complete within `serve.body_timeout_s` of its first byte being
+  awaited (a slow or stalled client) is a 408, so it holds an in-flight slot no longer than that; invalid UTF-8 and \\u escapes of lone UTF-16 surrogates are 400s (the
   tokenizer would fail on them later, as a 500).
 
 Errors use the OpenAI shape `{"error": {"message", "type", "param", "code"}}`.
@@ -12,8 +13,10 @@ Errors use the OpenAI shape `{"error": {"message", "type", "param", "code"}}`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -50,9 +53,11 @@ async def send_error(send: Callable[..., Any], e: ServeError) -> None:
 
 
 class Guard:
-    def __init__(self, app: Any, *, max_body_bytes: int, max_inflight: int, draining: Callable[[], bool]) -> None:
+    def __init__(self, app: Any, *, max_body_bytes: int, max_inflight: int, draining: Callable[[], bool],
+                 body_timeout_s: float = 30.0) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
         self.max_inflight = max_inflight
         self.draining = draining
         self.inflight = 0
@@ -87,8 +92,14 @@ class Guard:
             raise ServeError(413, f"request body of {int(declared)} bytes exceeds the {limit}-byte limit "
                                   "(serve.max_body_bytes)", code="body_too_large")
         chunks, size = [], 0
+        deadline = time.monotonic() + self.body_timeout_s
         while True:
-            msg = await receive()
+            try:
+                msg = await asyncio.wait_for(receive(), timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise ServeError(408, f"request body not received within {self.body_timeout_s:g}s "
+                                      "(serve.body_timeout_s); send it faster or raise the limit",
+                                 code="body_timeout") from None
             if msg["type"] == "http.disconnect":
                 raise ServeError(400, "client disconnected while sending the body")
             chunk = msg.get("body", b"")

@@ -99,7 +99,7 @@ async def build_app(client: PDEngineClient, args: Any, *, health: Callable[[], t
 
     sc = client.svc.cfg.serve
     app.add_middleware(Guard, max_body_bytes=sc.max_body_bytes, max_inflight=sc.max_inflight,
-                       draining=lambda: client.draining)
+                       draining=lambda: client.draining, body_timeout_s=sc.body_timeout_s)
     if sc.api_key_sha256:  # NOTE: added last, so outermost: a request without a key costs no in-flight slot
         app.add_middleware(Auth, digests=sc.api_key_sha256, auth_health=sc.auth_health,
                            auth_metrics=sc.auth_metrics)

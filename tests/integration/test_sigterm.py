@@ -128,10 +128,10 @@ class Client:
                 + (f" body={self.body!r}" if self.body is not None else ""))
 
 
-def _config(tmp: Path, name: str) -> tuple[Path, int]:
+def _config(tmp: Path, name: str, kv_cache_mib: int = 32) -> tuple[Path, int]:
     port = free_port()
     cfg = {"name": name, "mode": "disaggregated",
-           "engine": {"model": "tiny-llama", "kv_cache_mib": 32, "max_model_len": 2048},
+           "engine": {"model": "tiny-llama", "kv_cache_mib": kv_cache_mib, "max_model_len": 2048},
            "pools": {"prefill": 1, "decode": 1}, "serve": {"port": port, "drain_timeout_s": DRAIN_S, "max_inflight": MAX_INFLIGHT},
            # NOTE: the soak checks that every request is answered, completely and once; goodput routes it (the
            # default) but serves what it would refuse, so the load stays the load. The flood's 429s come from
@@ -201,6 +201,29 @@ def test_sigint_to_the_group_during_start_up_leaves_nothing(tmp_path):
         reader.join(10)
         assert rc == 130 and "stopped during start-up (SIGINT)" in "\n".join(lines), "\n".join(lines[-30:])
         assert not [e for e in RAY_ERRORS if e in "\n".join(lines)], "\n".join(lines[-30:])
+    finally:
+        _end(proc, family, reader)
+
+
+def test_an_engine_that_cannot_fit_is_a_clear_error_before_anything_starts(tmp_path):
+    """Issue 14 fault: a KV cache larger than the node's memory. The CLI says which field and what to do,
+    within a bound, starts no engine, and leaves no process (vLLM's EngineCore died at start before)."""
+    from engine.procs import descendants
+
+    proc, lines, reader = _launch(_config(tmp_path, "toolarge", kv_cache_mib=4_000_000)[0])
+    family: dict[int, str | None] = {}
+    try:
+        t0 = time.monotonic()
+        while proc.poll() is None and time.monotonic() - t0 < 90:
+            family.update({p: _start_time(p) for p in descendants(proc.pid) if p not in family})
+            assert not any("Worker.__init__" in _cmdline(p) for p in family), "an engine was started"
+            time.sleep(0.2)
+        assert proc.poll() == 1, "\n".join(lines[-20:])
+        reader.join(10)
+        print(f"\nKV cache too large: exit 1 after {time.monotonic() - t0:.1f}s: {lines[-1]}")
+        assert "error: engine.kv_cache_mib 4000000 MiB per engine" in "\n".join(lines), "\n".join(lines[-20:])
+        assert not [e for e in RAY_ERRORS if e in "\n".join(lines)], "\n".join(lines[-30:])
+        assert not _survivors(family)
     finally:
         _end(proc, family, reader)
 

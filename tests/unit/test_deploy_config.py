@@ -123,3 +123,19 @@ def test_the_planner_and_the_router_read_one_slo(tmp_path):
     _auto_deploy(tmp_path / "c", {"ttft_ms": 800, "tpot_ms": 90}, {"ttft_s": 0.8, "tpot_s": 0.09})
     with pytest.raises(ConfigError, match="planner.slo .* differ"):
         _auto_deploy(tmp_path / "d", {"ttft_ms": 800, "tpot_ms": 90}, {"ttft_s": 2.0, "tpot_s": 0.09})
+
+
+def test_cpu_kv_caches_that_cannot_fit_the_nodes_memory_are_refused_before_start():
+    """Issue 14: an engine that cannot start (KV cache larger than memory) is a clear error up front."""
+    from cluster.config import parse_config
+    from cluster.control.deploy import check_cpu_memory
+
+    cfg = parse_config({"engine": {"model": "tiny-llama", "kv_cache_mib": 4096}})
+    sizes = {"prefill": 1, "decode": 1}
+    check_cpu_memory(cfg, sizes, [{"memory": 16 << 30}])
+    with pytest.raises(ConfigError, match=r"engine.kv_cache_mib 4096 MiB per engine x 2 engine\(s\) = 8192 MiB"
+                                          r".* 6144 MiB .*lower engine.kv_cache_mib"):
+        check_cpu_memory(cfg, sizes, [{"memory": 6 << 30}])
+    with pytest.raises(ConfigError, match="2048 MiB, 2048 MiB"):  # each engine needs one node that holds it
+        check_cpu_memory(cfg, sizes, [{"memory": 2 << 30}, {"memory": 2 << 30}])
+    check_cpu_memory(cfg, sizes, [{"memory": 5 << 30}, {"memory": 5 << 30}])

@@ -96,3 +96,29 @@ def test_slo_headers_only_tighten_the_deployment_target() -> None:
         with pytest.raises(ServeError) as e:
             RequestContext.from_headers({"x-slo-ttft-ms": bad}, slo)
         assert e.value.status == 400 and "x-slo-ttft-ms" in e.value.message
+
+
+def test_a_stalled_body_is_a_408_within_the_body_timeout_and_frees_its_slot() -> None:
+    """A client that sends part of its body and then nothing: 408 after serve.body_timeout_s, not a slot held
+    until the client gives up."""
+    import time
+
+    g = guard(body_timeout_s=0.3)
+    sent: list[dict] = []
+    first = [{"type": "http.request", "body": b'{"a": ', "more_body": True}]
+
+    async def receive() -> dict:
+        if first:
+            return first.pop()
+        await asyncio.sleep(3600)  # NOTE: the rest never comes
+        return {"type": "http.disconnect"}
+
+    async def send(m: dict) -> None:
+        sent.append(m)
+
+    t0 = time.monotonic()
+    asyncio.run(asyncio.wait_for(g({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []},
+                                   receive, send), 10))
+    assert 0.25 < time.monotonic() - t0 < 3
+    assert sent[0]["status"] == 408 and json.loads(sent[1]["body"])["error"]["code"] == "body_timeout"
+    assert g.inflight == 0
