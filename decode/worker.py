@@ -15,12 +15,20 @@ from kvtransfer.handoff import KVHandoff, TransferTelemetry
 logger = logging.getLogger(__name__)
 
 
+def lease_margin_s(lease_s: float) -> float:
+    """How long before its lease ends a handoff is no longer pulled: the request must reach the decode
+    engine's scheduler (whose heartbeat then renews the lease) before the prefill engine frees the blocks,
+    and one engine step can delay that."""
+    return max(2.0, 0.2 * lease_s)
+
+
 class DecodeWorker(EngineHost):
     role = "decode"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.counters = {"transfers": 0, "kv_bytes": 0, "recomputes": 0, "failures": 0, "timeouts": 0}
+        self.counters = {"transfers": 0, "kv_bytes": 0, "recomputes": 0, "failures": 0, "timeouts": 0,
+                         "lease_expired": 0}
 
     async def decode_stream(
         self, request_id: str, prompt_token_ids: list[int], params: Any, h: KVHandoff
@@ -31,10 +39,24 @@ class DecodeWorker(EngineHost):
         handoff_latency = max(0.0, time.time() - h.created_at) if h.created_at else 0.0
         policy = self.transfer_cfg.failure_policy
         timeout = self.transfer_cfg.transfer_timeout_s
-        extra = dict(params.extra_args or {}, kv_transfer_params=h.decode_params())
-        gen = self._generate(request_id, prompt_token_ids, delta_params(params, prompt_logprobs=None,
-                                                                         extra_args=extra))
         outcome = "ok"
+        lease = float(self.transfer_cfg.kv_lease_s)
+        if h.created_at and handoff_latency > lease - lease_margin_s(lease):
+            # NOTE: issue 14: past (or about to pass) its lease, the prefill engine has freed these blocks
+            # and new prompts may have overwritten them: a pull would stream wrong output with a 200.
+            self.counters["lease_expired"] += 1
+            if policy == "fail":
+                self.counters["failures"] += 1
+                raise EngineError(f"KV handoff of {request_id} from {h.prefill_worker} arrived {handoff_latency:.1f}s "
+                                  f"after its prefill, past its {lease:.0f}s lease (transfer.kv_lease_s)")
+            logger.warning("handoff of %s arrived %.1fs after its prefill (lease %.0fs): recomputing on decode",
+                           request_id, handoff_latency, lease)
+            outcome = "recomputed"
+            gen = self._generate(f"{request_id}-rc", prompt_token_ids, delta_params(params, prompt_logprobs=None))
+        else:
+            extra = dict(params.extra_args or {}, kv_transfer_params=h.decode_params())
+            gen = self._generate(request_id, prompt_token_ids, delta_params(params, prompt_logprobs=None,
+                                                                             extra_args=extra))
         try:
             first = await asyncio.wait_for(anext(gen), timeout=timeout)
         except TimeoutError:

@@ -69,6 +69,44 @@ def test_fail_policy_errors_within_bound_and_prefill_frees_blocks(ray_session, d
         ray.kill(d2, no_restart=True)
 
 
+def test_a_handoff_past_its_lease_never_streams_wrong_output(deployment, workers, colocated_worker):
+    """Issue 14: a handoff that reaches the decode engine after the prefill's lease ran out (held in a queue,
+    or across a decode restart) while new prompts reuse the prefill's cache. The prefill engine has freed
+    its blocks and the new prompts' KV now fills every one of them (the cache is filled to the last block),
+    so a pull would read another prompt's KV and stream wrong tokens with a 200. The answer must equal
+    colocated, the handoff counted as past its lease and recomputed."""
+    cfg = deployment["config"]
+    _, p = _role(workers, "prefill")
+    _, d = _role(workers, "decode")
+    lease = cfg.transfer.kv_lease_s
+    prompt, sp = _prompt(21, 300), params(16, ignore_eos=True)
+    want = token_ids(generate(colocated_worker, "lease-ref", prompt, sp))
+    pre = ray.get(p.prefill.remote("lease-1", prompt, sp), timeout=60)
+    _wait(lambda: ray.get(p.stats.remote(), timeout=10).kv_usage == 0, lease + 20, "the prefill's lease ran out")
+    capacity = ray.get(p.info.remote(), timeout=30)["kv_capacity_tokens"]
+    block = pre.handoff.block_size
+    fills = []
+    for i in range(40):  # NOTE: bounded; ~capacity / 900 prompts fill the cache
+        free_blocks = round((1 - ray.get(p.stats.remote(), timeout=10).kv_usage) * capacity / block)
+        if free_blocks == 0:
+            break
+        n = min(7, free_blocks) * block - 1  # NOTE: a block short of 8 keeps prompt + 1 inside max_model_len
+        fills.append(ray.get(p.prefill.remote(f"lease-fill-{i}", _prompt(300 + i, n), params(1)), timeout=60))
+    assert ray.get(p.stats.remote(), timeout=10).kv_usage == 1.0, "the prefill's cache is not full"
+    before = ray.get(d.transfer_counters.remote(), timeout=10)
+    try:
+        out = _drain(d.decode_stream.options(num_returns="streaming").remote("lease-1", prompt, sp, pre.handoff))
+    finally:
+        for f in fills:
+            ray.get(d.release.remote(f.handoff), timeout=30)
+    after = ray.get(d.transfer_counters.remote(), timeout=10)
+    print(f"\nFAULT handoff {out[0].handoff_latency_s:.1f}s old (lease {lease}s), cache refilled by "
+          f"{len(fills)} prompts: {out[0].outcome}")
+    assert token_ids(out) == want
+    assert out[0].outcome == "recomputed" and after["lease_expired"] == before["lease_expired"] + 1
+    _wait(lambda: ray.get(p.stats.remote(), timeout=10).kv_usage == 0, lease + 20, "prefill KV freed")
+
+
 def test_prefill_killed_after_handoff_recomputes_and_pool_recovers(deployment, workers, colocated_worker):
     endpoint, model = deployment["endpoint"], deployment["model"]
     _, p = _role(workers, "prefill")
