@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.compare.provenance import Provenance
+from benchmarks.compare.provenance import Provenance, write_artefact
 from benchmarks.deployproc import DeployProcess, cpu_seconds, pss_bytes
 
 
@@ -115,8 +115,7 @@ def main() -> int:
     for k, v in res.items():
         print(f"{k:32} {v}")
     if a.out:
-        out = prov.start_fields() | {"figures": res} | prov.end_fields()
-        Path(a.out).write_text(json.dumps(out, indent=1))
+        write_artefact(a.out, prov, {"figures": res})
     return 0
 
 

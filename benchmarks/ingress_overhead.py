@@ -1,13 +1,17 @@
-"""What the HTTP ingress + router add to TTFT, against calling the prefill actor directly.
+"""What the HTTP ingress + router add over the full prefill -> KV transfer -> decode path.
 
     python -m benchmarks.ingress_overhead [--model tiny-llama] [--n 40] [--prompt-tokens 64]
+                                          [--max-tokens 16] [--out FILE.json]
 
-Deploys the embedded disaggregated default (in this process, local Ray), then alternates, for the same
-token-id prompt: (a) a streamed HTTP completion with max_tokens=1 through the endpoint (the ingress
-replica's own HTTP server, `serve.direct`, the default; tokenize skipped: the prompt is token ids; routed;
-served by the prefill worker), (b) the same through Ray Serve's proxy (the path with `serve.direct: false`),
-and (c) the prefill worker's ``generate_stream`` called directly as a Ray actor. TTFT = send -> first
-token. Prints p50/p90 of each and the p50 differences to (c). Measured figures only; asserts nothing.
+Deploys a disaggregated deployment (in this process, local Ray; `router.disaggregation: always` so every
+request takes the remote-prefill path, calibration off so no background engine work runs), then alternates,
+for the same token-id prompt and `max_tokens` (greedy, ignore_eos): (a) a streamed HTTP completion through
+the endpoint (the ingress replica's own HTTP server, `serve.direct`, the default; routed; prefill worker ->
+NIXL -> decode worker), (b) the same through Ray Serve's proxy (the path with `serve.direct: false`), and
+(c) the same two actor calls the ingress makes, called directly: the prefill worker's `prefill` (its
+first token is the client's) and the decode worker's `decode_stream` from prompt + that token. TTFT = send
+-> first token; E2E = send -> last token. Prints p50/p90 of each and the p50 differences to (c); with
+--out, writes them with date, commit and machine. Measured figures only; asserts nothing.
 """
 
 from __future__ import annotations
@@ -15,9 +19,45 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import httpx
+
+
+def _http(client: httpx.Client, url: str, model: str, prompt: list[int], max_tokens: int) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    first = None
+    with client.stream("POST", f"{url}/v1/completions", json={
+            "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True}) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if first is None and line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
+                first = time.perf_counter() - t0
+    return first or float("nan"), time.perf_counter() - t0
+
+
+def _actors(prefill, decode, rid: str, prompt: list[int], max_tokens: int) -> tuple[float, float]:
+    import ray
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                            output_kind=RequestOutputKind.DELTA)
+    t0 = time.perf_counter()
+    pre = ray.get(prefill.prefill.remote(rid, prompt, params, True), timeout=60)
+    ttft = time.perf_counter() - t0
+    first = list(pre.output.outputs[0].token_ids)
+    rest = params.clone()
+    rest.max_tokens = max_tokens - len(first)
+    for ref in decode.decode_stream.options(num_returns="streaming").remote(rid, prompt + first, rest, pre.handoff):
+        ray.get(ref, timeout=60)
+    return ttft, time.perf_counter() - t0
+
+
+def _q(xs: list[float], p: float) -> float:
+    return sorted(xs)[min(len(xs) - 1, int(p * len(xs)))]
 
 
 def main() -> int:
@@ -25,64 +65,64 @@ def main() -> int:
     ap.add_argument("--model", default="tiny-llama", help="smollm2, tiny-llama or a model dir")
     ap.add_argument("--n", type=int, default=40, help="requests per path (1..1000)")
     ap.add_argument("--prompt-tokens", type=int, default=64)
-    ap.add_argument("--port", type=int, default=8011)
+    ap.add_argument("--max-tokens", type=int, default=16, help="output tokens per request (2..512)")
+    ap.add_argument("--out", help="also write the figures, with date, commit and machine, as JSON here")
     a = ap.parse_args()
     if not 1 <= a.n <= 1000:
         ap.error(f"--n {a.n}: give 1..1000")
+    if not 2 <= a.max_tokens <= 512:
+        ap.error(f"--max-tokens {a.max_tokens}: give 2..512 (the full prefill -> decode path)")
     import ray
 
+    from benchmarks.compare.provenance import Provenance, write_artefact
     from cluster.config import parse_config
     from cluster.control import deploy
     from cluster.control.cli import shutdown_embedded
     from cluster.control.runtime import connect
     from kvtransfer.config import free_port
 
+    prov = Provenance.start(["python", "-m", "benchmarks.ingress_overhead"], sys.argv[1:])
     proxy = free_port()
     cfg = parse_config({"name": "overhead", "engine": {"model": a.model, "max_model_len": 1024},
-                        "serve": {"port": a.port, "proxy_port": proxy}, "transfer": {"fabric_check": False}})
+                        "router": {"disaggregation": "always", "calibrate": False},
+                        "serve": {"port": free_port(), "proxy_port": proxy}, "transfer": {"fabric_check": False}})
     connect(None, num_cpus=None, object_store_mib=256, namespace=cfg.ray.namespace)
     try:
         info = deploy.start(cfg)
         ctl = ray.get_actor(deploy.controller_name(cfg), namespace=cfg.ray.namespace)
         _, members = ray.get(ctl.members.remote(), timeout=30)
         prefill = next(h for _, role, h, _ in members if role == "prefill")
+        decode = next(h for _, role, h, _ in members if role == "decode")
         prompt = [100 + (i * 31) % 5000 for i in range(a.prompt_tokens)]
-        from vllm import SamplingParams
-
-        params = SamplingParams(max_tokens=1, temperature=0.0)
-        urls = {"endpoint (direct ingress)": info["endpoint"], "Serve proxy": f"http://127.0.0.1:{proxy}"}
-        http: dict[str, list[float]] = {k: [] for k in urls}
-        direct: list[float] = []
+        paths = {"endpoint (direct ingress)": info["endpoint"], "Serve proxy": f"http://127.0.0.1:{proxy}"}
+        got: dict[str, list[tuple[float, float]]] = {k: [] for k in [*paths, "actors called directly"]}
         with httpx.Client(timeout=60) as client:
             for i in range(a.n + 3):
-                for path, url in urls.items():
-                    t0 = time.perf_counter()
-                    with client.stream("POST", f"{url}/v1/completions", json={
-                            "model": info["model"], "prompt": prompt, "max_tokens": 1, "temperature": 0,
-                            "stream": True}) as r:
-                        for line in r.iter_lines():
-                            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
-                                break
+                for path, url in paths.items():
+                    t = _http(client, url, info["model"], prompt, a.max_tokens)
                     if i >= 3:  # warm-up excluded
-                        http[path].append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                gen = prefill.generate_stream.options(num_returns="streaming").remote(f"direct-{i}", prompt, params)
-                first = next(iter(gen))
-                ray.get(first, timeout=60)
-                t_direct = time.perf_counter() - t0
-                for ref in gen:  # drain the rest so the request ends cleanly
-                    ray.get(ref, timeout=60)
+                        got[path].append(t)
+                t = _actors(prefill, decode, f"direct-{i}", prompt, a.max_tokens)
                 if i >= 3:
-                    direct.append(t_direct)
-        q = lambda xs, p: sorted(xs)[min(len(xs) - 1, int(p * len(xs)))]  # noqa: E731
-        print(f"model {info['model']}, prompt {a.prompt_tokens} tokens, {a.n} requests per path")
-        for path, xs in http.items():
-            print(f"HTTP via {path:<26} TTFT p50 {q(xs, .5) * 1e3:8.2f} ms   p90 {q(xs, .9) * 1e3:8.2f} ms")
-        print(f"prefill actor called directly       TTFT p50 {q(direct, .5) * 1e3:8.2f} ms   "
-              f"p90 {q(direct, .9) * 1e3:8.2f} ms")
-        for path, xs in http.items():
-            added = (statistics.median(xs) - statistics.median(direct)) * 1e3
-            print(f"added by ingress + router, {path:<26} p50 {added:8.2f} ms")
+                    got["actors called directly"].append(t)
+        figures: dict[str, dict[str, float]] = {}
+        base = got["actors called directly"]
+        for path, xs in got.items():
+            ttft, e2e = [x[0] for x in xs], [x[1] for x in xs]
+            figures[path] = {"ttft_p50_ms": _q(ttft, .5) * 1e3, "ttft_p90_ms": _q(ttft, .9) * 1e3,
+                             "e2e_p50_ms": _q(e2e, .5) * 1e3, "e2e_p90_ms": _q(e2e, .9) * 1e3,
+                             "ttft_p50_added_ms": (statistics.median(ttft) - statistics.median(x[0] for x in base)) * 1e3,
+                             "e2e_p50_added_ms": (statistics.median(e2e) - statistics.median(x[1] for x in base)) * 1e3}
+        print(f"model {info['model']}, prompt {a.prompt_tokens} tokens, {a.max_tokens} output tokens, "
+              f"{a.n} requests per path (prefill -> NIXL -> decode)")
+        for path, f in figures.items():
+            print(f"{path:<27} TTFT p50 {f['ttft_p50_ms']:8.2f} ms  p90 {f['ttft_p90_ms']:8.2f} ms   "
+                  f"E2E p50 {f['e2e_p50_ms']:8.2f} ms  p90 {f['e2e_p90_ms']:8.2f} ms   added p50: TTFT "
+                  f"{f['ttft_p50_added_ms']:+7.2f} ms, E2E {f['e2e_p50_added_ms']:+7.2f} ms")
+        if a.out:
+            write_artefact(a.out, prov, {"settings": {"model": info["model"], "n": a.n,
+                                                      "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_tokens},
+                                         "figures": figures})
         deploy.stop(info["config"])
     finally:
         shutdown_embedded()

@@ -183,7 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=9, help="timed repeats per block size (median reported)")
     parser.add_argument("--budget-s", type=float, default=50.0, help="stop starting new block sizes after this")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--out", help="also write the results, with date, commit and machine, as JSON here")
     args = parser.parse_args(argv)
+    from benchmarks.compare.provenance import Provenance, write_artefact
+
+    prov = Provenance.start(["python", "-m", "benchmarks.kvtransfer"], sys.argv[1:] if argv is None else argv)
     if args.repeats < 1 or (args.blocks is not None and args.blocks < 1):
         parser.error(f"--repeats {args.repeats} and --blocks {args.blocks} must be >= 1")
     # NOTE: inherited by the source process. Loopback-only box; nixl logs INFO lines to stdout otherwise.
@@ -197,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         "ucx_tls": os.environ.get("UCX_TLS", "(default)"),
         "ucx_net_devices": os.environ.get("UCX_NET_DEVICES"),
     }
+    if args.out:
+        write_artefact(args.out, prov, {"meta": meta, "results": [asdict(r) for r in results]})
     if args.json:
         print(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
     else:

@@ -100,7 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=3000, help="decisions timed per policy")
     ap.add_argument("--decision-rate", type=float, default=50.0,
                     help="requests/s reaching the router in the microbenchmark (stats refresh every 100 ms)")
+    ap.add_argument("--out", help="also write the figures, with date, commit and machine, as JSON here")
     a = ap.parse_args(argv)
+    from dataclasses import asdict, is_dataclass
+
+    from benchmarks.compare.provenance import Provenance, write_artefact
+
+    prov = Provenance.start(["python", "-m", "benchmarks.router"], sys.argv[1:] if argv is None else argv)
     for flag, v in (("--rate", a.rate), ("--cv", a.cv), ("--decision-rate", a.decision_rate)):
         if v <= 0:
             ap.error(f"{flag} must be > 0, got {v}")
@@ -135,10 +141,15 @@ def main(argv: list[str] | None = None) -> int:
         print(format_sweep(sweep) + "\n")
     print(f"one routing decision over {a.workers} workers ({a.workers // 2} prefill + "
           f"{a.workers - a.workers // 2} decode), {a.calls} calls at {a.decision_rate:g} req/s:")
+    timings = {}
     for name in ("goodput", "least_loaded", "round_robin"):
-        t = time_decisions(name, lat, slo, a.workers, a.calls, a.seed, a.decision_rate)
+        t = timings[name] = time_decisions(name, lat, slo, a.workers, a.calls, a.seed, a.decision_rate)
         print(f"  {name:<14} p50 {t.p50_us:7.1f} us   p99 {t.p99_us:7.1f} us   ({t.admitted:.0%} admitted)")
     print("  (p99: the first decision after a stats refresh rebuilds every worker's cached terms)")
+    if a.out:
+        plain = lambda x: asdict(x) if is_dataclass(x) else x._asdict() if hasattr(x, "_asdict") else x  # noqa: E731
+        write_artefact(a.out, prov, {"settings": vars(a), "latency": repr(lat), "policies": [plain(r) for r in rows],
+                                     "decision_timing": {k: plain(v) for k, v in timings.items()}})
     return 0
 
 

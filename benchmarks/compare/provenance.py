@@ -86,6 +86,16 @@ class Provenance:
                 "machine_end": {"loadavg": machine_info()["loadavg"]}}
 
 
+def write_artefact(path: str | Path, prov: Provenance, body: dict[str, Any]) -> None:
+    """A results JSON: the run's provenance around ``body``; written whole or not at all (tmp + rename)."""
+    import json
+
+    out = Path(path)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(prov.start_fields() | body | prov.end_fields(), indent=1))
+    tmp.replace(out)
+
+
 def header_lines(report: dict[str, Any], machine_note: str = "") -> list[str]:
     """Markdown: the command to reproduce, dates, machine and git commit of a report that holds
     ``Provenance.start_fields()`` and ``end_fields()``."""
