@@ -54,9 +54,11 @@ def git_commit() -> dict[str, Any]:
         except (OSError, subprocess.TimeoutExpired):
             return ""
 
-    status = git("status", "--porcelain")
-    return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(status),
-            "dirty_files": len(status.splitlines())}
+    # NOTE: new results files under benchmarks/results/ (this run's, or a previous run's of the same
+    # session not yet committed) are not code: they do not make the tree dirty.
+    status = [ln for ln in git("status", "--porcelain").splitlines()
+              if not (ln.startswith("?? ") and ln[3:].startswith("benchmarks/results/"))]
+    return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(status), "dirty_files": len(status)}
 
 
 def _now() -> str:

@@ -34,6 +34,8 @@ from cluster.router.policy import Policy, RouteDecision, RouteRequest, register
 from engine.stats import WorkerStats
 from placement.latency import LatencyModel
 
+LOCAL_PER_SNAPSHOT = 2  # local prefills per decode worker between two of its stats snapshots (auto)
+
 if TYPE_CHECKING:
     from cluster.config import RouterConfig, SLOConfig
     from placement.config import Coefficients
@@ -313,22 +315,27 @@ class GoodputPolicy(Policy):
         st = self.states[d.worker_id]
         if st.pstats is not d:  # NOTE: the prefill queue there, our own local routes since its stats included
             st.refresh_prefill(d, t, self.clock() - self.stale_s)
+        # NOTE: the streams a local prefill would stall: the worker's batch plus what we routed there since
+        # its stats (st.b0: running + waiting + ours on the way), not the snapshot's `running` alone.
+        streams = st.b0 if st.dstats is d else d.running
+        if self.disaggregation == "auto" and sum(e[0] > d.timestamp_s for e in st.led) >= LOCAL_PER_SNAPSHOT:
+            return None  # NOTE: a burst within one stats interval does not all land on one decode engine
         lin = st.base + t.pa * prompt + t.pb * prompt * prompt
         pre = (lin if lin > t.p_mem else t.p_mem) + st.extra + t.p_lin * prompt
-        ttft = (pre + (step if d.running else 0.0)) * st.ttft_ratio
+        ttft = (pre + (step if streams else 0.0)) * st.ttft_ratio
         p_meet = self.p_meet
         ptp = 1.0 if out <= 1 else p_meet(req.tpot_slo_s, tpot)
         own = p_meet(req.ttft_slo_s, ttft) * ptp
         harm = 0.0
-        if d.running:
+        if streams:
             stretch = pre * st.dr / max(1.0, self._avg_out / 2)
-            harm = d.running * (p_meet(self.default_tpot_s, step) - p_meet(self.default_tpot_s, step + stretch))
+            harm = streams * (p_meet(self.default_tpot_s, step) - p_meet(self.default_tpot_s, step + stretch))
         value = own - harm
         if self.disaggregation == "never":
             return ttft, own, value, "never"
         # NOTE: ties go local (no transfer, a prefill worker left free for the next long prompt).
         if value >= remote_value - self.tie_probability:
-            return ttft, own, value, "idle decode" if not d.running else "cheaper"
+            return ttft, own, value, "idle decode" if not streams else "cheaper"
         return None
 
     def _record_local(self, req: RouteRequest, ds: WorkerState, now: float, ttft: float) -> None:

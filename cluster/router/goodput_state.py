@@ -15,6 +15,7 @@ from placement.latency import LatencyModel, Terms
 
 logger = logging.getLogger(__name__)
 _INF = math.inf
+IDLE_HALF_LIFE_S = 10.0
 
 
 def _ewma(ratio: float, observed_over_predicted: float, alpha: float) -> float:
@@ -28,7 +29,7 @@ class WorkerState:
 
     __slots__ = ("ttft_ratio", "tpot_ratio", "step_ratio", "pstats", "dstats", "led", "led_tokens", "q", "n",
                  "run", "step_ts", "base", "extra", "dls", "inc", "inc_kv", "inc_ctx", "b0", "c0", "sm", "sk",
-                 "sf", "free", "kvf", "cap", "dr")
+                 "sf", "free", "kvf", "cap", "dr", "idle_ts")
 
     def __init__(self) -> None:
         self.ttft_ratio = self.tpot_ratio = self.step_ratio = 1.0
@@ -42,6 +43,7 @@ class WorkerState:
         self.inc: list[tuple[float, int, int]] = []  # heap of (expected arrival, KV tokens, context)
         self.inc_kv = self.inc_ctx = self.b0 = self.c0 = 0
         self.free = self.kvf = self.cap = self.dr = self.sm = self.sk = self.sf = 0.0
+        self.idle_ts = 0.0  # stats time since which the worker has been idle (0: busy)
 
     def refresh_prefill(self, s: WorkerStats, t: Terms, cut: float) -> None:
         """Queue as prediction terms: base = pa*q + pb*sum(l^2) (lengths assumed equal), extra = p_lin*q
@@ -78,6 +80,16 @@ class WorkerState:
     def refresh_decode(self, s: WorkerStats, lat: LatencyModel, alpha: float, cut: float,
                        avg_out: float) -> None:
         self.dstats = s
+        if s.running or s.waiting or self.inc:
+            self.idle_ts = 0.0
+        elif self.idle_ts and s.timestamp_s > self.idle_ts:
+            # NOTE: corrections learnt under a full batch mispredict a lone stream: while idle they fade
+            # toward 1 (the calibrated model) with a half-life of IDLE_HALF_LIFE_S.
+            f = 0.5 ** ((s.timestamp_s - self.idle_ts) / IDLE_HALF_LIFE_S)
+            self.tpot_ratio, self.step_ratio = self.tpot_ratio ** f, self.step_ratio ** f
+            self.idle_ts = s.timestamp_s
+        else:
+            self.idle_ts = s.timestamp_s
         steps = s.recent_step_times_s
         if s.role == "decode" and s.running and len(steps) >= 4 and s.timestamp_s != self.step_ts:
             self.step_ts = s.timestamp_s

@@ -88,3 +88,51 @@ def test_never_with_a_baseline_policy_prefills_on_the_decode_worker() -> None:
     adm = Admission(make_policy("least_loaded"), members, cfg.router, colocated=False, recovery_timeout_s=1.0)
     d = asyncio.run(adm.route(RouteRequest(40, 8, 2.0, 0.2)))
     assert d.local and d.prefill is None and d.decode == "d0" and d.placement == "local:never"
+
+
+def test_a_burst_within_one_stats_interval_sends_at_most_two_local_prefills_per_decode_worker() -> None:
+    from cluster.router.goodput import LOCAL_PER_SNAPSHOT
+
+    p = policy("auto")
+    ps, ds = prefill(), decode()
+    got = [p(RouteRequest(40, 32, 2.0, 0.15), ps, ds) for _ in range(10)]
+    assert sum(d.local for d in got) == LOCAL_PER_SNAPSHOT == 2
+    assert all(d.admit for d in got)
+
+
+def test_streams_routed_since_the_last_stats_count_as_decoding_there() -> None:
+    """The decode worker's snapshot says idle, but we just sent it streams: a local prefill there would
+    stall them, so it is not an 'idle decode' placement."""
+    p = policy("auto")
+    ps = prefill()
+    remote = [p(RouteRequest(400, 64, 2.0, 0.15), ps, decode(running=12)) for _ in range(2)]
+    assert all(d.admit and not d.local for d in remote)
+    idle_snapshot = decode()  # NOTE: newer than the routes, but before their streams reach the engine
+    fresh = policy("auto")(RouteRequest(40, 32, 2.0, 0.15), ps, idle_snapshot)
+    assert fresh.placement == "local:idle decode"  # what the snapshot alone says
+    d = p(RouteRequest(40, 32, 2.0, 0.15), ps, idle_snapshot)
+    assert d.placement != "local:idle decode", d
+
+
+def test_decode_corrections_learnt_under_load_fade_while_the_worker_is_idle() -> None:
+    from cluster.router.goodput_state import IDLE_HALF_LIFE_S, WorkerState
+
+    p = policy("auto")
+    st = WorkerState()
+    st.tpot_ratio, st.step_ratio = 4.0, 1.0
+    t0 = time.time()
+
+    def idle(at: float) -> WorkerStats:
+        return WorkerStats("d0", "decode", "n1", 0, 0, 0, 0, 0.0, 5760, (), True, at)
+
+    st.refresh_decode(idle(t0), p.decode_latency, p.alpha, t0 - 60, 32)
+    assert st.tpot_ratio == 4.0  # NOTE: idle from now on
+    st.refresh_decode(idle(t0 + IDLE_HALF_LIFE_S), p.decode_latency, p.alpha, t0 - 60, 32)
+    assert st.tpot_ratio == pytest.approx(2.0)
+    st.refresh_decode(idle(t0 + 3 * IDLE_HALF_LIFE_S), p.decode_latency, p.alpha, t0 - 60, 32)
+    assert st.tpot_ratio == pytest.approx(4.0 ** 0.125) and st.dr == pytest.approx(st.tpot_ratio)
+    busy = WorkerStats("d0", "decode", "n1", 0, 3, 0, 900, 0.1, 5760, (), True, t0 + 40)
+    st.tpot_ratio = 3.0
+    st.refresh_decode(busy, p.decode_latency, p.alpha, t0 - 60, 32)
+    st.refresh_decode(busy._replace(timestamp_s=t0 + 80), p.decode_latency, p.alpha, t0 - 60, 32)
+    assert st.tpot_ratio == 3.0  # NOTE: busy: what it learnt stays
