@@ -164,6 +164,8 @@ class ServeConfig(BaseModel):
     max_body_bytes: int = Field(1 << 20, gt=0, description="Largest accepted request body")
     body_timeout_s: float = Field(30, gt=0, le=3600, description="Seconds a client gets to send a request body; "
                                                                 "then 408 (slow or stalled clients)")
+    header_timeout_s: float = Field(30, gt=0, le=3600, description="Seconds a connection gets to send a request's "
+                                                                  "head (line + headers); then it is closed")
     recovery_timeout_s: float = Field(
         90, gt=0, description="Max seconds a request waits for a pool with no healthy worker (restarts)"
     )

@@ -10,6 +10,7 @@ range, so an application cannot be found at its configured port; this keeps the 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import socket
@@ -42,7 +43,51 @@ def mounted(app: Any, route_prefix: str) -> Any:
     return Starlette(routes=[Mount(route_prefix.rstrip("/"), app=app)])
 
 
-async def serve_forever(app: Any, sock: socket.socket, route_prefix: str = "/") -> None:
+def head_deadline_protocol(timeout_s: float) -> type:
+    """uvicorn's h11 protocol with a deadline for each request's head (request line + headers): a client that
+    connects and sends nothing, or its headers a byte at a time (slowloris), is disconnected `timeout_s` after
+    it connected or after its previous response. NOTE: uvicorn has no such timeout of its own (only the
+    keep-alive one, which data of any kind resets); the body has its own deadline (Guard, body_timeout_s)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadDeadlineProtocol(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+        _armed_for: Any = None
+
+        def _arm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            self._armed_for = self.cycle  # NOTE: a new request's head makes a new cycle
+            self._head_timer = self.loop.call_later(timeout_s, self._head_late)
+
+        def _head_late(self) -> None:
+            self._head_timer = None
+            if self.cycle is self._armed_for and (self.cycle is None or self.cycle.response_complete) \
+                    and not self.transport.is_closing():
+                logger.info("closing a connection from %s: no request head within %gs (serve.header_timeout_s)",
+                            self.client, timeout_s)
+                self.transport.close()
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+            super().connection_lost(exc)
+
+    return HeadDeadlineProtocol
+
+
+async def serve_forever(app: Any, sock: socket.socket, route_prefix: str = "/", header_timeout_s: float = 30.0
+                        ) -> None:
     """Serve ``app`` on ``sock`` until the replica ends."""
     import uvicorn
 
@@ -52,7 +97,7 @@ async def serve_forever(app: Any, sock: socket.socket, route_prefix: str = "/") 
             yield
 
     config = uvicorn.Config(mounted(app, route_prefix), log_level="warning", access_log=False, lifespan="off",
-                            timeout_keep_alive=30)
+                            timeout_keep_alive=30, http=head_deadline_protocol(header_timeout_s))
     server = _Server(config)
     host, port = sock.getsockname()[:2]
     logger.info("direct ingress on %s:%s%s", host, port, route_prefix)
