@@ -107,6 +107,31 @@ class LongDocWorkload(Workload):
 
 
 @dataclass(frozen=True)
+class MixedWorkload(Workload):
+    """Chat with long documents among it: each request is a long document with probability `long_share`
+    (else chat), drawn from its own random stream, so the chat requests' lengths do not depend on the share."""
+
+    chat_input_median: int = 256
+    chat_output_median: int = 64
+    chat_sigma: float = 0.6
+    long_input_len: int = 1536
+    long_output_len: int = 32
+    long_share: float = 0.25
+    name: str = "mixed"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.long_share <= 1:
+            raise ValueError(f"long_share={self.long_share!r} must be in [0, 1], e.g. 0.25")
+
+    def lengths(self, n: int, rng: np.random.Generator) -> list[tuple[int, int]]:
+        pick = np.random.default_rng(rng.integers(2**32))
+        chat = ChatWorkload(self.chat_input_median, self.chat_sigma, self.chat_output_median,
+                            self.chat_sigma).lengths(n, rng)
+        long = LongDocWorkload(self.long_input_len, self.long_output_len).lengths(n, rng)
+        return [long[i] if pick.random() < self.long_share else chat[i] for i in range(n)]
+
+
+@dataclass(frozen=True)
 class TraceWorkload(Workload):
     """Rows of (input_len, output_len[, arrival_s]) from a CSV (with header) or JSONL file; cycled."""
 

@@ -56,7 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--rates", nargs="+", default=["0.25,0.5,1,2"], help="requests/s, e.g. 0.25,0.5,1,2")
     a("--num-requests", type=int, help="requests per rate step (upper bound)")
     a("--duration", type=float, help="seconds of arrivals per rate step (upper bound)")
-    a("--workload", default="chat", choices=("chat", "longdoc"))
+    a("--workload", default="chat", choices=("chat", "longdoc", "mixed"),
+      help="mixed: chat with long documents among it (--long-share of them, --long-input-len tokens)")
+    a("--long-share", type=float, default=0.25, help="mixed: share of long documents")
+    a("--long-input-len", type=int, default=1536, help="mixed: input tokens of a long document")
     a("--input-len", type=int, help="chat: median input tokens (256); longdoc: input tokens (1536)")
     a("--output-len", type=int, help="chat: median output tokens (64); longdoc: output tokens (32)")
     a("--sigma", type=float, default=0.6, help="chat: lognormal sigma of both lengths")
@@ -136,10 +139,13 @@ def check_args(args: argparse.Namespace) -> tuple[list[float], list[str]]:
 
 
 def make_workload(args: argparse.Namespace):
-    from benchmarks.workload import ChatWorkload, LongDocWorkload
+    from benchmarks.workload import ChatWorkload, LongDocWorkload, MixedWorkload
 
     if args.workload == "longdoc":
         return LongDocWorkload(args.input_len or 1536, args.output_len or 32)
+    if args.workload == "mixed":
+        return MixedWorkload(args.input_len or 256, args.output_len or 64, args.sigma, args.long_input_len,
+                             32, args.long_share)
     return ChatWorkload(args.input_len or 256, args.sigma, args.output_len or 64, args.sigma)
 
 

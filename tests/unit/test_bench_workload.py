@@ -111,3 +111,17 @@ def test_bad_trace_files_name_the_problem(tmp_path: Path, text: str, match: str)
         TraceWorkload.from_file(path)
     with pytest.raises(ValueError, match="does not exist"):
         TraceWorkload.from_file(tmp_path / "missing.csv")
+
+
+def test_mixed_workload_holds_long_documents_at_their_share_and_is_deterministic():
+    from benchmarks.workload import MixedWorkload
+
+    w = MixedWorkload(256, 32, 0.0, 1536, 32, long_share=0.25)
+    got = w.lengths(400, np.random.default_rng(3))
+    long = [i for i, (n, _) in enumerate(got) if n > 1000]
+    assert 0.18 < len(long) / 400 < 0.32
+    assert all(n == 256 for i, (n, _) in enumerate(got) if i not in long)  # sigma 0: chat exactly 256
+    assert got == w.lengths(400, np.random.default_rng(3))
+    assert all(n < 1000 for n, _ in MixedWorkload(long_share=0.0).lengths(50, np.random.default_rng(0)))
+    with pytest.raises(ValueError, match="long_share"):
+        MixedWorkload(long_share=1.5)
