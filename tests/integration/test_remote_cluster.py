@@ -48,14 +48,29 @@ def ray_cluster():
     else:
         proc.terminate()
         pytest.fail("ray start did not come up in 90 s")
+    # NOTE: a second node (its own raylet, resources and label) on the same machine: a real two-node Ray
+    # cluster, so node ids, node packing and cross-node KV transfers run live (issue 13).
+    worker = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "ray"), "start", f"--address={address}", "--block",
+         "--num-cpus=4", "--node-ip-address=127.0.0.1", "--object-store-memory=100000000",
+         "--labels=saaf.io/test-node=second"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    code = (f"import ray, time; ray.init(address='{address}', logging_level=40); t = time.time() + 60\n"
+            "while len([n for n in ray.nodes() if n['Alive']]) < 2 and time.time() < t: time.sleep(0.5)\n"
+            "print(len([n for n in ray.nodes() if n['Alive']]))")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=90)
+    if r.stdout.strip().splitlines()[-1:] != ["2"]:
+        worker.terminate()
+        proc.terminate()
+        pytest.fail(f"the second Ray node did not join: {r.stdout[-500:]} {r.stderr[-1000:]}")
     # NOTE: one Serve instance per Ray cluster; its HTTP port is fixed by the first deployment.
     yield address, free_port()
-    ours = descendants(proc.pid)
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    ours = descendants(proc.pid) + descendants(worker.pid)
+    for p in (worker, proc):
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(60)
+        except subprocess.TimeoutExpired:
+            p.kill()
     reap(ours, grace_s=10)
 
 
@@ -71,7 +86,9 @@ def _config(tmp_path, name: str, port: int, **extra) -> str:
 def test_explicit_config_status_scale_under_load_shutdown(ray_cluster, tmp_path):
     ray_cluster, port = ray_cluster
     # NOTE: every request must be served during the scaling: goodput routes (the default) but admits all.
-    cfg = _config(tmp_path, "remote", port, pools={"prefill": 1, "decode": 1}, router={"admission": "best_effort"})
+    # NOTE: the prefill and the decode engine on different nodes of the two-node cluster (node packing).
+    cfg = _config(tmp_path, "remote", port, pools={"prefill": 1, "decode": 1, "node_packing": [["P0"], ["D0"]]},
+                  router={"admission": "best_effort", "disaggregation": "always"})
     r = _cli(cfg, "--address", ray_cluster, "--no-demo")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "OpenAI-compatible endpoint" in r.stdout
@@ -88,6 +105,17 @@ def test_explicit_config_status_scale_under_load_shutdown(ray_cluster, tmp_path)
     assert len({w["placement_group"] for w in status["workers"]}) == 2
     assert all(w["pinned_node"] == w["node_id"] and w["bundles"] == [{"CPU": 1.0}] for w in status["workers"])
     groups = [w["placement_group"] for w in status["workers"]]
+    # Real node ids (issue 13): the two engines on the cluster's two nodes, the same ids in the router's view
+    # (/v1/stats, from each worker's stats) as in Ray's, and the KV transfer from one node to the other.
+    nodes = set(json.loads(_py(ray_cluster, "print(json.dumps([n['NodeID'] for n in ray.nodes() if n['Alive']]))")))
+    by_role = {w["role"]: w["node_id"] for w in status["workers"]}
+    assert len(nodes) == 2 and set(by_role.values()) == nodes, (by_role, nodes)
+    r = httpx.post(f"{endpoint}/v1/completions", timeout=120,
+                   json={"model": model, "prompt": "node ids " * 40, "max_tokens": 4, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    stats = httpx.get(f"{endpoint}/v1/stats", timeout=10).json()
+    assert {w["role"]: w["node_id"] for w in stats["workers"]} == by_role
+    assert stats["transfers"], "no KV transfer recorded between the two nodes"
 
     # Load during the scale-up and the scale-down: every request must succeed.
     results: list[int] = []
@@ -137,6 +165,15 @@ def test_explicit_config_status_scale_under_load_shutdown(ray_cluster, tmp_path)
     assert gone.returncode == 1 and "no deployment 'remote'" in gone.stderr
     # ... and no placement group of the deployment is left holding resources.
     assert _group_states(ray_cluster, groups) == {g: "REMOVED" for g in groups}
+
+
+def _py(address: str, body: str) -> str:
+    """Run ``body`` in a fresh driver attached to the cluster; its last stdout line."""
+    code = f"import json, ray; ray.init(address='{address}', logging_level=40)\n{body}"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, RAY_AUTH_MODE="disabled"))
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip().splitlines()[-1]
 
 
 def _group_states(address: str, groups: list[str]) -> dict[str, str]:
