@@ -102,7 +102,7 @@ def default_packing(n_prefill: int, need_p: float, n_decode: int, need_d: float,
 def map_nodes(packing: list[list[str]], need: dict[str, float], nodes: list[dict[str, Any]],
               resource: str) -> dict[str, str]:
     """Logical node -> real node: each logical node's engines onto one real node with room, biggest
-    logical nodes first, onto the roomiest real nodes. Returns {engine label: node id} for pinned engines.
+    logical nodes first, onto the roomiest real nodes not yet holding another logical node (then any). Returns {engine label: node id} for pinned engines.
 
     ``need`` is the per-role demand of ``resource`` ('GPU' or 'CPU'); ``nodes`` are cluster_nodes() rows."""
     free = {n["node_id"]: float(n["gpus"] if resource == "GPU" else n["cpus"]) for n in nodes}
@@ -114,8 +114,14 @@ def map_nodes(packing: list[list[str]], need: dict[str, float], nodes: list[dict
         demand = sum(need[role] for _, (role, _, part) in parsed if part is None)
         demands.append((float("inf") if spans else demand, idx, labels))
     out: dict[str, str] = {}
+    used: set[str] = set()
     for demand, idx, labels in sorted(demands, key=lambda d: (-d[0], d[1])):
-        choice = max(free, key=lambda nid: (free[nid], nid), default=None)
+        # NOTE: separate logical nodes onto separate real nodes while there are any left with room (the
+        # packing says which engines share a node, and so which do not); then onto any node with room.
+        fresh = [nid for nid in free if nid not in used and free[nid] + 1e-9 >= min(demand, max(free.values()))]
+        choice = max(fresh or free, key=lambda nid: (free[nid], nid), default=None)
+        if choice is not None:
+            used.add(choice)
         if demand == float("inf"):
             # NOTE: not pinned (Ray packs the wide engine), but the node it takes is no longer free.
             if choice is not None:

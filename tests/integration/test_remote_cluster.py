@@ -32,7 +32,9 @@ def ray_cluster():
     from engine.procs import descendants, reap
 
     port = free_port()
-    env = dict(os.environ, **LOOPBACK_ENV)
+    # NOTE: RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (LOOPBACK_ENV, for embedded single-node clusters) makes the
+    # head refuse a second node ("Multi-node Ray clusters are not supported"), on Linux too.
+    env = dict(os.environ, **{**LOOPBACK_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"})
     proc = subprocess.Popen(
         [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block", "--num-cpus=8",
          f"--port={port}", "--node-ip-address=127.0.0.1", "--include-dashboard=false",

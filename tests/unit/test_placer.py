@@ -107,3 +107,11 @@ def test_resolve_backends_label_default_and_explicit():
     mixed = labelled + [node("b", labels={"saaf.io/nixl-backend": "UCX"})]
     with pytest.raises(ConfigError, match="set transfer.backends"):
         resolve_backends(DeployConfig(), mixed)
+
+
+def test_map_nodes_keeps_separate_logical_nodes_apart_while_nodes_are_left():
+    """[[P0], [D0]] on a big and a small node: P0 and D0 on different nodes, though the big one has room for both."""
+    nodes = [node("big", cpus=8), node("small", cpus=4)]
+    assert placer.map_nodes([["P0"], ["D0"]], {"prefill": 1, "decode": 1}, nodes, "CPU") == {"P0": "big", "D0": "small"}
+    one = [node("only", cpus=8)]  # NOTE: one node: they share it
+    assert placer.map_nodes([["P0"], ["D0"]], {"prefill": 1, "decode": 1}, one, "CPU") == {"P0": "only", "D0": "only"}
