@@ -184,12 +184,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--evalset", default=str(EVALSET), help="JSONL of {id, prompt, max_tokens}")
     p.add_argument("--api", default="completions", choices=APIS)
     p.add_argument("--max-model-len", type=int, default=512, help="offline engine's max model length")
+    p.add_argument("--limit", type=int, help="only the first N prompts of the eval set")
     p.add_argument("--out", help="write outputs and comparisons as JSON here")
     args = p.parse_args(argv)
+    if args.limit is not None and args.limit < 1:
+        p.error(f"--limit {args.limit}: give 1 or more")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not Path(args.evalset).is_file():
         p.error(f"--evalset {args.evalset!r} does not exist; omit it to use {EVALSET}")
-    prompts = load_evalset(Path(args.evalset))
+    prompts = load_evalset(Path(args.evalset))[:args.limit]
     sources: dict[str, list[GreedyOutput]] = {}
     try:
         sources["endpoint"] = endpoint_greedy(args.endpoint, args.model, prompts, args.api)

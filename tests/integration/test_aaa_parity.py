@@ -210,14 +210,22 @@ def _benchmarks(url: str, model: str, tmp: Any) -> dict[str, Any]:
     after = _counters(url)
     chat = run_benchmark(url, model, ChatWorkload(16, 0.3, 8, 0.3), [8.0], num_requests=4, api="chat",
                          max_total_len=MAX_TOTAL_LEN, request_timeout_s=120.0)
-    out = tmp / "quality.json"
-    cmd = [sys.executable, "-m", "benchmarks.quality", "--endpoint", url, "--model", model,
-           "--offline-model-dir", "smollm2", "--max-model-len", "1024", "--out", str(out)]
-    env = os.environ | {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=400)
-    quality = json.loads(out.read_text()) if proc.returncode == 0 and out.is_file() else None
+    quality, log = _quality(url, model, tmp / "quality-vllm.json")
     return {"completions": completions, "before": before, "after": after, "chat": chat, "quality": quality,
-            "quality_log": proc.stdout[-2000:] + proc.stderr[-3000:]}
+            "quality_log": log}
+
+
+QUALITY_PROMPTS = 8  # of the committed eval set's 20
+
+
+def _quality(url: str, model: str, out: Any) -> tuple[dict | None, str]:
+    """benchmarks.quality on one endpoint (greedy outputs of the eval set's first prompts, asked twice)."""
+    cmd = [sys.executable, "-m", "benchmarks.quality", "--endpoint", url, "--model", model, "--out", str(out),
+           "--limit", str(QUALITY_PROMPTS)]
+    proc = subprocess.run(cmd, env=os.environ | {"HF_HUB_OFFLINE": "1"}, cwd=REPO, capture_output=True, text=True,
+                          timeout=400)
+    quality = json.loads(out.read_text()) if proc.returncode == 0 and out.is_file() else None
+    return quality, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
 def test_benchmark_against_vllm_server(reference, tmp_path) -> None:
@@ -254,11 +262,16 @@ def test_chat_route_against_vllm_server(reference) -> None:
     assert all(r.completion_tokens == r.output_len and r.prompt_tokens > r.input_len for r in result.steps[0].records)
 
 
-def test_greedy_quality_endpoint_vs_offline(reference) -> None:
-    """benchmarks.quality: vLLM's server and offline vLLM give the same greedy tokens."""
+def test_greedy_quality_tool_against_vllm_server(reference) -> None:
+    """benchmarks.quality on vLLM's own server: token ids read from the server, the same greedy tokens when
+    asked twice.
+
+    NOTE: CI runs neither the tool's offline-vLLM source (`--offline-model-dir`, one engine start) nor the
+    eval set on our endpoint (the parity table above already compares our greedy answers with vLLM serve's,
+    and tests/integration/test_disagg.py with a colocated engine); the committed compare reports hold both."""
     data = reference["bench"]["quality"]
     assert data is not None, reference["bench"]["quality_log"]
-    (comparison,) = data["comparisons"]
-    assert comparison["exact_match_rate"] == 1.0
-    assert all(row["unit"] == "token" for row in comparison["prompts"])
-    assert len(data["sources"]["offline"]) == 20
+    (again,) = data["comparisons"]
+    assert again["exact_match_rate"] == 1.0 and all(row["unit"] == "token" for row in again["prompts"])
+    assert len(data["sources"]["endpoint"]) == QUALITY_PROMPTS
+    assert all(o["token_ids"] for o in data["sources"]["endpoint"])

@@ -13,7 +13,25 @@ def cache(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_tiny_llama_is_built_once_and_reused(cache):
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """One tiny-llama build for the module (~8 s each); tests copy it into their own cache."""
+    root = tmp_path_factory.mktemp("built")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SAAF_CACHE_DIR", str(root))
+        models.resolve_model("tiny-llama")
+    return root
+
+
+@pytest.fixture()
+def cache_with_tiny(cache, built):
+    import shutil
+
+    shutil.copytree(built, cache, dirs_exist_ok=True)
+    return cache
+
+
+def test_tiny_llama_is_built_once_and_reused(cache_with_tiny):
     first = models.resolve_model("tiny-llama")
     weights = first / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
@@ -22,7 +40,7 @@ def test_tiny_llama_is_built_once_and_reused(cache):
     assert weights.stat().st_mtime_ns == stamp  # reused, not rebuilt
 
 
-def test_damaged_copy_is_rebuilt(cache):
+def test_damaged_copy_is_rebuilt(cache_with_tiny):
     first = models.resolve_model("tiny-llama")
     weights = first / "model.safetensors"
     size = weights.stat().st_size
@@ -32,7 +50,7 @@ def test_damaged_copy_is_rebuilt(cache):
     assert weights.stat().st_size == size
 
 
-def test_tiny_llama_is_deterministic(cache, tmp_path_factory, monkeypatch):
+def test_tiny_llama_is_deterministic(cache_with_tiny, tmp_path_factory, monkeypatch):
     a = (models.resolve_model("tiny-llama") / "model.safetensors").read_bytes()
     monkeypatch.setenv("SAAF_CACHE_DIR", str(tmp_path_factory.mktemp("other")))
     b = (models.resolve_model("tiny-llama") / "model.safetensors").read_bytes()
