@@ -271,7 +271,7 @@ def load_config(path: str | Path | None, *, check_paths: bool = True) -> DeployC
     cfg = parse_config(data, str(path))
     if check_paths:
         check_model(cfg)
-        cfg, _ = resolve_api_keys(cfg)
+        resolve_api_keys(cfg)  # NOTE: errors now; the keys stay for deploy.start (its demo request needs one)
     if cfg.planner is not None:
         planner = cfg.planner
         if isinstance(planner, dict) and "slo" not in planner:  # NOTE: the deployment's SLO, given once

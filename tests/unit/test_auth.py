@@ -98,3 +98,20 @@ def test_health_and_metrics_can_require_the_key():
     only_metrics = Auth(_inner, digests=[key_digest("sk-a")], auth_health=False, auth_metrics=True)
     assert _get(only_metrics, "GET", "/health").status_code == 200
     assert _get(only_metrics, "GET", "/metrics").status_code == 401
+
+
+def test_a_loaded_config_keeps_its_keys_for_the_deploy_to_resolve(tmp_path, monkeypatch):
+    """load_config checks the key sources at once but leaves them in the config: deploy.start resolves them
+    and hands the CLI one plain key for its own demo request (resolved twice, the second would find none)."""
+    import yaml
+
+    from cluster.config import load_config
+
+    monkeypatch.delenv("SAAF_KEY_LOAD", raising=False)
+    path = tmp_path / "deploy.yaml"
+    path.write_text(yaml.safe_dump({"engine": {"model": "tiny-llama"}, "serve": {"api_keys": [{"env": "SAAF_KEY_LOAD"}]}}))
+    with pytest.raises(ConfigError, match="SAAF_KEY_LOAD is not set"):
+        load_config(path)
+    monkeypatch.setenv("SAAF_KEY_LOAD", "sk-load")
+    cfg = load_config(path)
+    assert cfg.serve.api_keys and resolve_api_keys(cfg)[1] == "sk-load"
