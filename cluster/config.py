@@ -201,6 +201,34 @@ class HealthConfig(BaseModel):
     failures: int = Field(3, ge=1, le=100, description="Missed checks in a row before a worker is replaced")
 
 
+class PlannerLoopConfig(BaseModel):
+    """The planner loop (cluster/control/autoplan.py): re-plans both pools from observed traffic."""
+
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["off", "advisory", "on"] = Field(
+        "advisory", description="off; advisory: log and expose (/v1/stats, saaf_planner_* metrics) what it would "
+                                "do; on: also resize the pools (and ask Ray's autoscaler for the resources)")
+    interval_s: float = Field(30.0, ge=1, le=3600, description="Seconds of traffic per re-plan")
+    min_prefill: int = Field(1, ge=1, le=512, description="Smallest prefill pool it sets")
+    max_prefill: int = Field(4, ge=1, le=512, description="Largest prefill pool it sets")
+    min_decode: int = Field(1, ge=1, le=512, description="Smallest decode (colocated: the only) pool it sets")
+    max_decode: int = Field(4, ge=1, le=512, description="Largest decode (colocated: the only) pool it sets")
+    down_after: int = Field(3, ge=1, le=100, description="Intervals in a row that must want fewer before a shrink")
+    cooldown_s: float = Field(120.0, ge=0, description="Seconds after any change before a pool shrinks")
+    up_cooldown_s: float = Field(0.0, ge=0, description="Seconds after any change before a pool grows")
+    drain_timeout_s: float = Field(120.0, gt=0, description="Max seconds a removed worker drains in-flight work")
+    request_resources: bool = Field(True, description="on: ask Ray's autoscaler (ray.autoscaler.sdk."
+                                                      "request_resources) for the planned pools' bundles")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PlannerLoopConfig:
+        for pool in ("prefill", "decode"):
+            lo, hi = getattr(self, f"min_{pool}"), getattr(self, f"max_{pool}")
+            if lo > hi:
+                raise ValueError(f"planner_loop: min_{pool}={lo} > max_{pool}={hi}; give min <= max")
+        return self
+
+
 class RayConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     address: str | None = Field(None, description="Existing cluster ('auto', host:port); None = embedded")
@@ -221,6 +249,7 @@ class DeployConfig(BaseModel):
     slo: SLOConfig = Field(default_factory=SLOConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
+    planner_loop: PlannerLoopConfig = Field(default_factory=PlannerLoopConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     planner: dict[str, Any] | str | None = Field(
         None, description="Planner inputs inline, or a planner YAML path (docs/placement.md); for pools: auto"

@@ -75,6 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
                                                                "module (placement/calibration_data.py)")
     v.add_argument("--jobs", type=int, default=1, help="worker processes")
 
+    st = sub.add_parser("replan-study", help="simulated day: pools fixed for the peak, for the mean, and the "
+                                             "planner loop (placement/replan_study.py)")
+    st.add_argument("--out", required=True, help="folder for README.md, results.json and day.png")
+    st.add_argument("--model", default="llama-3.1-8b")
+    st.add_argument("--hardware", default="h100-sxm")
+    st.add_argument("--intervals", type=int, default=48, help="periods in the day")
+    st.add_argument("--sample-s", type=float, default=60.0, help="seconds of traffic simulated per period")
+    st.add_argument("--truth-factor", type=float, default=1.25, help="the served system is the model times this")
+    st.add_argument("--seed", type=int, default=0)
+
     sub.add_parser("profile", help="moved: python -m benchmarks.profile (this command says so and exits 2)")
     return ap
 
@@ -131,6 +141,24 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replan_study(args: argparse.Namespace) -> int:
+    from placement.replan_study import main_study
+    from placement.workload import day_periods
+
+    if args.intervals < 2 or args.sample_s <= 0 or args.truth_factor <= 0:
+        raise PlacementError(f"replan-study needs --intervals >= 2, --sample-s > 0 and --truth-factor > 0; got "
+                             f"{args.intervals}, {args.sample_s}, {args.truth_factor}")
+    res = main_study(args.out, "python -m placement " + " ".join(args.argv), model=args.model,
+                     hardware=args.hardware, periods=day_periods(intervals=args.intervals), sample_s=args.sample_s,
+                     truth_factor=args.truth_factor, seed=args.seed)
+    for name, st in res["strategies"].items():
+        m = st["summary"]
+        print(f"{name:13} attainment {m['attainment']:.3f}  GPU-hours {m['gpu_hours']:7.1f}  "
+              f"in SLO per GPU-hour {m['in_slo_per_gpu_hour']}  periods below target {m['periods_below_target']}")
+    print(f"wrote {args.out}/README.md, results.json and day.png")
+    return 0
+
+
 def _profile(args: argparse.Namespace | None = None) -> int:
     # NOTE: the profiler runs vLLM; it lives with the benchmarks so that placement imports no engine code.
     print("the profiler moved: run `python -m benchmarks.profile --model MODEL --out PATH ...` "
@@ -147,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     handlers: dict[str, Any] = {"plan": _plan, "roofline": _roofline, "predict": _predict, "validate": _validate,
-                                "profile": _profile}
+                                "replan-study": _replan_study, "profile": _profile}
     try:
         return int(handlers[args.cmd](args))
     except PlacementError as exc:

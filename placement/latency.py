@@ -253,6 +253,18 @@ class LatencyModel:
                             transfer_latency_s=self.transfer_latency_s, label=label,
                             request_overhead_s=self.request_overhead_s)
 
+    def scaled(self, prefill_k: float, decode_k: float) -> LatencyModel:
+        """This instance with every prefill time multiplied by `prefill_k` and every decode step by
+        `decode_k` (an online correction, or a machine slower than its model)."""
+        t = self.terms
+        p = {f: getattr(t, f) * prefill_k for f in ("pa", "pb", "p_mem", "p_fixed", "p_lin")}
+        d = {f: getattr(t, f) * decode_k for f in ("d_mem_c", "d_mem_a", "d_comp_b", "d_comp_a", "d_fixed", "d_lin")}
+        return LatencyModel(Terms(**p, **d), tp=self.tp, pp=self.pp, kv_bytes_per_token=self._kvb,
+                            kv_capacity_tokens=self._kv_cap, same_node_bps=self._same_bps,
+                            cross_node_bps=self._cross_bps, transfer_latency_s=self.transfer_latency_s,
+                            label=f"{self.label} x{prefill_k:.3g}/{decode_k:.3g}", shared_weights=self.shared_weights,
+                            request_overhead_s=self.request_overhead_s * prefill_k, stages=self.stages)
+
     @classmethod
     def from_profile(cls, path: str | Path) -> LatencyModel:
         """The model measured by `python -m benchmarks.profile` (see placement.profile_io)."""

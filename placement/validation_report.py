@@ -85,7 +85,7 @@ def run_validation(csv_path: str | Path, jobs: int = 1) -> Report:
     return Report(fitted, {k: round(loss, 4) for k, _, loss in fits}, preds, skipped, rows_total)
 
 
-def provenance(command: str) -> dict[str, str]:
+def provenance(command: str, source: str = SOURCE, paths: tuple[str, ...] = ("placement",)) -> dict[str, str]:
     def git(*args: str) -> str:
         try:
             return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10).stdout.strip()
@@ -101,10 +101,10 @@ def provenance(command: str) -> dict[str, str]:
     except OSError:
         pass
     commit = git("rev-parse", "HEAD")
-    dirty = git("status", "--porcelain", "--", "placement")
+    dirty = git("status", "--porcelain", "--", *paths)
     return {"date": datetime.now(UTC).isoformat(timespec="seconds"), "git_commit": commit + (
-        " (with uncommitted changes under placement/)" if dirty else ""), "cpu": cpu,
-        "python": platform.python_version(), "command": command, "source": SOURCE}
+        f" (with uncommitted changes under {', '.join(paths)})" if dirty else ""), "cpu": cpu,
+        "python": platform.python_version(), "command": command, "source": source}
 
 
 def _fmt(x: float) -> str:

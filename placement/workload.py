@@ -200,3 +200,46 @@ def load_trace(path: str | Path) -> list[Request]:
     if any(b.arrival_s < a.arrival_s for a, b in zip(out, out[1:], strict=False)):
         raise PlacementError(f"trace {p}: arrival_s must be non-decreasing; sort the rows by arrival_s")
     return out
+
+
+class Period(NamedTuple):
+    """One interval of a day-shaped trace: its arrival rate and the share of long-document requests."""
+
+    start_s: float
+    length_s: float
+    rate_rps: float
+    doc_share: float
+
+
+CHAT = (LengthDist(kind="lognormal", mean=600, sd=400, max=8000), LengthDist(kind="lognormal", mean=250, sd=150, max=2000))
+DOCS = (LengthDist(kind="lognormal", mean=6000, sd=2500, max=30000),
+        LengthDist(kind="lognormal", mean=400, sd=200, max=2000))
+
+
+def day_periods(intervals: int = 48, day_s: float = 86400.0, base_rps: float = 3.0, peak_rps: float = 24.0,
+                peak_hour: float = 15.0, bursts: tuple[tuple[int, float], ...] = ((19, 1.8), (20, 1.5), (33, 2.0)),
+                doc_share: tuple[float, float] = (0.05, 0.6)) -> list[Period]:
+    """A day: the rate follows a cosine from `base_rps` (night) to `peak_rps` (`peak_hour`), with bursts
+    ((interval, factor)); the share of long documents grows linearly over the day (chat in the morning,
+    pasted documents by night)."""
+    out = []
+    for i in range(intervals):
+        t = i * day_s / intervals
+        hour = 24.0 * t / day_s
+        shape = 0.5 - 0.5 * math.cos(2 * math.pi * (hour - peak_hour + 12.0) / 24.0)
+        rate = base_rps + (peak_rps - base_rps) * shape
+        rate *= dict(bursts).get(i, 1.0)
+        share = doc_share[0] + (doc_share[1] - doc_share[0]) * i / max(1, intervals - 1)
+        out.append(Period(t, day_s / intervals, rate, share))
+    return out
+
+
+def period_requests(p: Period, sample_s: float, rng: np.random.Generator) -> list[Request]:
+    """`sample_s` seconds of one period's traffic (Poisson arrivals at its rate, its chat/document mix),
+    from time 0."""
+    n = max(1, int(round(p.rate_rps * sample_s)))
+    arrivals = np.cumsum(unit_gaps(n, "poisson", 1.0, rng)) / p.rate_rps
+    docs = rng.random(n) < p.doc_share
+    ins = np.where(docs, sample_lengths(DOCS[0], n, rng), sample_lengths(CHAT[0], n, rng))
+    outs = np.where(docs, sample_lengths(DOCS[1], n, rng), sample_lengths(CHAT[1], n, rng))
+    return [Request(float(a), int(i), int(o)) for a, i, o in zip(arrivals, ins, outs, strict=True)]

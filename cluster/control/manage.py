@@ -67,9 +67,10 @@ def _status(ctl, args) -> int:
     from cluster.control.deploy import endpoint_url
 
     endpoint = endpoint_url(cfg) + "/v1"
+    planner = ray.get(ctl.planner_status.remote(), timeout=30)
     if args.json:
-        print(json.dumps({"name": cfg.name, "mode": cfg.mode, "endpoint": endpoint, "workers": rows},
-                         default=str))
+        print(json.dumps({"name": cfg.name, "mode": cfg.mode, "endpoint": endpoint, "workers": rows,
+                          "planner": planner}, default=str))
         return 0
     print(f"deployment '{cfg.name}' ({cfg.mode}) endpoint {endpoint}")
     print("worker        role       state     healthy  node          waiting  running  kv_usage")
@@ -78,6 +79,11 @@ def _status(ctl, args) -> int:
         print(f"{r['worker_id']:<13} {r['role']:<10} {r['state']:<9} {str(r['healthy']):<8} "
               f"{(r['node_id'] or '-')[:12]:<13} {s.get('waiting', '-'):<8} {s.get('running', '-'):<8} "
               f"{s.get('kv_usage', '-')}")
+    d = (planner or {}).get("decision")
+    if d:
+        print(f"planner loop ({planner['mode']}): saw {d['observed_rps']} req/s, forecast {d['forecast_rps']}; sets "
+              f"prefill {d['target']['prefill']} decode {d['target']['decode']} (predicted attainment "
+              f"{d['predicted_attainment']}); {d['reason']}")
     return 0
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import ray
 
+from cluster.control.autoplan import LIVE, PlannerLoop
 from decode.worker import DecodeWorker
 from engine.colocated import ColocatedWorker
 from prefill.worker import PrefillWorker
@@ -54,6 +55,7 @@ class PoolController:
         self._replacing: dict[str, asyncio.Task] = {}  # worker id -> its replacement, running beside the checks
         self._calibration: asyncio.Task | None = None
         self._calibrated: tuple[int, Any] = (0, None)  # (version, latest Calibration) as published
+        self.planner = PlannerLoop(self) if self.cfg.planner_loop.mode != "off" else None
 
     def engine_for(self, role: str):
         """The engine config of one pool: the shared one with the pool's TP/PP from the plan, if any."""
@@ -158,6 +160,8 @@ class PoolController:
         await self._await_ready(ids)
         if self._health_task is None:
             self._health_task = asyncio.get_running_loop().create_task(self._health_loop())
+        if self.planner is not None:
+            self.planner.start()
         return [self.workers[w]["info"] for w in ids]
 
     # ---- health: a worker that stops answering is taken out of routing and replaced -------------------
@@ -286,13 +290,16 @@ class PoolController:
                 for wid, w in self.workers.items()]
 
     async def scale(self, role: str, target: int, drain_timeout_s: float = 120) -> dict[str, Any]:
-        current = [wid for wid, w in self.workers.items() if w["role"] == role and w["state"] == "ready"]
+        """Grow or shrink one pool to `target` workers (starting and replacing ones count as members)."""
+        live = [wid for wid, w in self.workers.items() if w["role"] == role and w["state"] in LIVE]
         added, removed = [], []
-        if target > len(current):
-            added = [self._spawn(role) for _ in range(target - len(current))]
+        if target > len(live):
+            added = [self._spawn(role) for _ in range(target - len(live))]
             await self._await_ready(added)
-        elif target < len(current):
-            removed = current[target:]
+        elif target < len(live):
+            # NOTE: the newest ready workers go first (a starting one would be waited for anyway)
+            ready = [wid for wid in live if self.workers[wid]["state"] == "ready"]
+            removed = ready[::-1][:len(live) - target]
             for wid in removed:
                 self.workers[wid]["state"] = "draining"
             self.version += 1
@@ -309,7 +316,9 @@ class PoolController:
                 st = await asyncio.wait_for(handle.stats.remote(), timeout=10)
             except Exception:  # noqa: BLE001 - a dead worker has nothing left to drain
                 break
-            if st.waiting == 0 and st.running == 0:
+            # NOTE: a prefill worker also holds the KV of prompts whose decode has not pulled yet (kv_usage > 0
+            # with nothing running): it stops once each is pulled, released or past its lease.
+            if st.waiting == 0 and st.running == 0 and (st.role != "prefill" or st.kv_usage == 0):
                 break
             await asyncio.sleep(0.2)
         await self._stop(wid)
@@ -328,7 +337,17 @@ class PoolController:
 
         remove_group(w["pg"])
 
+    # ---- the planner loop (cluster/control/autoplan.py) -----------------------------------------------
+    def report_traffic(self, replica: str, windows: list[Any]) -> dict[str, Any] | None:
+        """An ingress replica's traffic since its last report; the reply is the loop's latest decision."""
+        return None if self.planner is None else self.planner.report(windows)
+
+    def planner_status(self) -> dict[str, Any] | None:
+        return None if self.planner is None else self.planner.status()
+
     async def shutdown(self) -> None:
+        if self.planner is not None:
+            await self.planner.stop()
         for t in (self._health_task, self._calibration, *self._replacing.values()):
             if t is not None:
                 t.cancel()

@@ -24,6 +24,7 @@ from cluster.serve.direct import bind, serve_forever
 from cluster.serve.frontend import build_frontend
 from cluster.serve.leg import Services
 from cluster.serve.metrics import Metrics
+from cluster.serve.traffic import REPORT_EVERY_S, TrafficLog, report_loop
 from cluster.serve.transfers import TransferLog
 from engine.models import resolve_model, served_name
 
@@ -44,7 +45,8 @@ def make_services(cfg: DeployConfig, controller: Any, metrics: Metrics, busy: An
                          on_pool_sizes=lambda role, n: metrics.pool.labels(role).set(n), on_stats=on_stats)
     admission = Admission(policy, members, cfg.router, colocated=cfg.mode == "colocated",
                           recovery_timeout_s=cfg.serve.recovery_timeout_s, on_wait=metrics.queue.observe)
-    return Services(cfg, members, admission, metrics, TransferLog(metrics))
+    traffic = TrafficLog() if cfg.planner_loop.mode != "off" else None
+    return Services(cfg, members, admission, metrics, TransferLog(metrics), traffic)
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096)
@@ -68,6 +70,12 @@ class Ingress:
         frontend = build_frontend(cfg, model_dir, name)
         self.client = PDEngineClient(frontend, self.svc)
         self.svc.members.start()
+        self.planner: dict[str, Any] | None = None  # the planner loop's latest status, from the controller
+        if self.svc.traffic is not None:
+            replica = serve.get_replica_context().replica_id.unique_id
+            every = min(REPORT_EVERY_S, cfg.planner_loop.interval_s / 2)
+            self._reporter = asyncio.get_running_loop().create_task(
+                report_loop(self.svc.traffic, controller, replica, every, self._on_planner))
         t_app = time.monotonic()
         self.http_app = await build_app(self.client, frontend.args, health=self._health, metrics=self.metrics.render,
                                    stats=self._stats)
@@ -89,9 +97,14 @@ class Ingress:
         status = "draining" if self.client.draining else "ok" if ready else "starting"
         return (200 if ready else 503), {"status": status, "workers": self.svc.members.summary()}
 
+    def _on_planner(self, status: dict[str, Any] | None) -> None:
+        self.planner = status
+        if status is not None:
+            self.metrics.planner(status)
+
     def _stats(self) -> dict:
         cal = self.svc.members.calibration
-        return {"workers": self.svc.members.summary(), "transfers": self.svc.transfers.records(),
+        return {"planner": self.planner,"workers": self.svc.members.summary(), "transfers": self.svc.transfers.records(),
                 "queued": self.svc.admission.queued, "inflight": self.client.inflight,
                 "router": self.svc.admission.policy.describe(),
                 "calibration": None if cal is None else {"error": cal} if isinstance(cal, str) else {

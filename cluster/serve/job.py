@@ -48,6 +48,9 @@ class Job:
         n = params.n or 1
         self.legs = [Leg(svc, request_id if n == 1 else f"{request_id}-c{i}", ids, leg_params(params, i), route,
                          deadline) for i in range(n)]
+        self.cached_tokens = 0
+        if svc.traffic is not None:
+            svc.traffic.arrival(len(ids), n)
 
     async def admit(self) -> None:
         """Route every leg (the first decision of each); raises ServeError when refused (counted once)."""
@@ -85,6 +88,7 @@ class Job:
                     elif last_at is not None:
                         m.itl.observe(now - last_at)
                     last_at = now
+                self.cached_tokens = max(self.cached_tokens, out.num_cached_tokens or 0)
                 out = self._adapt(out, index)
                 if self.kind == RequestOutputKind.DELTA:
                     yield out
@@ -165,3 +169,5 @@ class Job:
         per_leg = max(leg.tokens for leg in self.legs)
         tpot = (e2e - ttft) / (per_leg - 1) if per_leg > 1 else 0.0
         m.slo(ttft <= self.ttft_slo_s and tpot <= self.tpot_slo_s)
+        if self.svc.traffic is not None:
+            self.svc.traffic.finished(len(self.ids), [leg.tokens for leg in self.legs], ttft, tpot, self.cached_tokens)

@@ -29,6 +29,7 @@ from cluster.router.admission import Admission
 from cluster.router.membership import Membership
 from cluster.router.policy import RouteDecision, RouteRequest
 from cluster.serve.metrics import Metrics
+from cluster.serve.traffic import TrafficLog
 from cluster.serve.transfers import TransferLog
 from kvtransfer.handoff import KVHandoff, TransferTelemetry
 
@@ -46,6 +47,7 @@ class Services(NamedTuple):
     admission: Admission
     metrics: Metrics
     transfers: TransferLog
+    traffic: TrafficLog | None = None  # for the planner loop (None when planner_loop.mode is off)
 
 
 class WorkerDied(Exception):

@@ -34,7 +34,26 @@ class Metrics:
         self.pool = Gauge("saaf_pool_size", "Workers per pool", ["role"], registry=r)
         self.goodput = Gauge("saaf_goodput_rps", "Requests meeting both SLOs per second, last minute",
                              registry=r)
+        self.plan_size = Gauge("saaf_planner_target", "Pool size the planner loop sets (advisory: would set)",
+                               ["role"], registry=r)
+        self.plan_want = Gauge("saaf_planner_wanted", "Pool size the planner loop's forecast needs", ["role"],
+                               registry=r)
+        self.plan_rate = Gauge("saaf_planner_rate_rps", "Arrival rate the planner loop saw / forecast",
+                               ["kind"], registry=r)
+        self.plan_goodput = Gauge("saaf_planner_predicted_goodput_rps", "Goodput the planner loop predicts for "
+                                  "its target pools at the planned rate", registry=r)
         self._met: deque[float] = deque()
+
+    def planner(self, status: dict) -> None:
+        d = status.get("decision")
+        if not d:
+            return
+        for role in ("prefill", "decode"):
+            self.plan_size.labels(role).set(d["target"][role])
+            self.plan_want.labels(role).set(d["wanted"][role])
+        self.plan_rate.labels("observed").set(d["observed_rps"])
+        self.plan_rate.labels("forecast").set(d["forecast_rps"])
+        self.plan_goodput.set(d["predicted_goodput_rps"])
 
     def slo(self, met: bool) -> None:
         self.requests.labels("slo_met" if met else "slo_missed").inc()

@@ -22,6 +22,7 @@ def test_embedded_default_is_disaggregated_1p1d():
     assert cfg.mode == "disaggregated"
     assert pool_sizes(cfg) == {"prefill": 1, "decode": 1}
     assert cfg.serve.host == "127.0.0.1"
+    assert cfg.planner_loop.mode == "advisory"  # the loop runs and says what it would do; it resizes only when on
 
 
 @pytest.mark.parametrize("data,needle", [
@@ -35,6 +36,9 @@ def test_embedded_default_is_disaggregated_1p1d():
     ({"pools": "auto"}, "planner"),
     ({"transfer": {"failure_policy": "retry"}}, "transfer.failure_policy"),
     ({"engine": {"device": "cpu", "tensor_parallel_size": 2}}, "tensor/pipeline parallelism needs device"),
+    ({"planner_loop": {"mode": "auto"}}, "planner_loop.mode"),
+    ({"planner_loop": {"min_decode": 3, "max_decode": 2}}, "min_decode=3 > max_decode=2"),
+    ({"planner_loop": {"interval_s": 0.1}}, "planner_loop.interval_s"),
     ("[1, 2]", "top level must be a mapping"),
     ("a: [", "not valid YAML"),
 ])

@@ -1,19 +1,23 @@
 """Offline checks of the `ray up` cluster manifests (manifests/cluster-*.yaml); no node or cloud is touched.
 
 Ray's own checks: `prepare_config` + `validate_config` (defaults merge, JSON schema, node-type rules) on
-every manifest, and `_bootstrap_config` on local-provider ones. `ray up`'s bootstrap for aws/gcp is not run:
-it calls the cloud (EC2 instance types, IAM, key pairs, subnets, security groups; Cloud Resource Manager,
-IAM, Compute) and needs boto3 / google-api-python-client. Then Saaf's own invariants: the gpu extra on every
-node, the NIXL fabric environment, saaf resources and node labels, the metrics port, and the cloud fields
-that must agree with each other (EFA interfaces, GCP zones).
+every manifest, and `_bootstrap_config` on local-provider ones. For aws/gcp the `cloud` extra (boto3,
+google-api-python-client; scripts/setup.sh installs it) must be there: the node provider classes `ray up`
+loads are imported, and `_bootstrap_config`'s steps run up to the first one that calls the cloud, never
+further (EC2 instance types, IAM, key pairs, subnets, security groups; Cloud Resource Manager, IAM, Compute);
+any network use fails the test. Then Saaf's own invariants: the gpu extra on every node, the NIXL fabric
+environment, saaf resources and node labels, the metrics port, and the cloud fields that must agree with
+each other (EFA interfaces, GCP zones).
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import re
 import shutil
+import socket
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -28,8 +32,10 @@ from ray._private.label_utils import (
     validate_node_label_syntax,
     validate_node_labels,
 )
-from ray.autoscaler._private.commands import _bootstrap_config
+from ray.autoscaler._private.commands import _bootstrap_config, create_or_update_cluster
+from ray.autoscaler._private.providers import _NODE_PROVIDERS, _get_node_provider_cls
 from ray.autoscaler._private.util import prepare_config, validate_config
+from ray.autoscaler.node_provider import NodeProvider
 
 MANIFEST_DIR = Path(__file__).resolve().parents[2] / "manifests"
 MANIFESTS = sorted(MANIFEST_DIR.glob("cluster-*.yaml"))
@@ -39,6 +45,7 @@ EXPECTED_PROVIDERS = {
     "cluster-gcp-a3.yaml": "gcp",
     "cluster-onprem.yaml": "local",
 }
+CLOUD_PROVIDERS = {"aws": "AWSNodeProvider", "gcp": "GCPNodeProvider"}
 EFA_CARDS = {"p5.48xlarge": 32, "p4d.24xlarge": 4}
 GPU_RESOURCE = re.compile(r"saaf_gpu_(?!node$)\w+")
 ENV_FILE = re.compile(r"cat > (\S+) <<'EOF'\n(.*?)\nEOF", re.S)
@@ -134,6 +141,76 @@ def test_ray_bootstraps_local_manifest(path: Path) -> None:
     # Manually managed on-prem: every listed worker is started by `ray up`.
     (node_type,) = resolved["available_node_types"].values()
     assert node_type["min_workers"] == node_type["max_workers"] == len(cfg["provider"]["worker_ips"])
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any connection or name lookup fails the test: the steps below must never reach a cloud."""
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"network use in an offline test: {args[1:] or args}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+
+
+def cloud_provider_cls(provider: dict[str, Any]) -> type[NodeProvider]:
+    try:
+        return _get_node_provider_cls(provider)
+    except ImportError as e:  # a failure, not a skip: set-up installs the extra
+        pytest.fail(f"{e}\nThe `cloud` extra is missing: run scripts/setup.sh (or pip install -e '.[cloud]').")
+
+
+CLOUD = by_provider(*CLOUD_PROVIDERS)
+
+
+@pytest.mark.parametrize("path", CLOUD, ids=ids(CLOUD))
+def test_ray_up_imports_the_cloud_node_provider(path: Path, offline: None) -> None:
+    provider = load(path)["provider"]
+    cls = cloud_provider_cls(provider)
+    assert issubclass(cls, NodeProvider) and cls.__name__ == CLOUD_PROVIDERS[provider["type"]]
+    # The cloud's own bootstrap (bootstrap_aws / bootstrap_gcp) came with it; it is not called here.
+    assert cls.bootstrap_config is not NodeProvider.bootstrap_config
+
+
+# `ray up` -> create_or_update_cluster -> _bootstrap_config, whose steps are, in this order:
+RAY_UP_STEPS = ["_bootstrap_config(config", "prepare_config(config)", "importer(config[\"provider\"])",
+                "fillout_available_node_types_resources(config)", "validate_config(config)",
+                "provider_cls.bootstrap_config(config)"]
+
+
+def test_ray_up_steps_are_the_ones_run_offline() -> None:
+    # Ray is pinned; this fails on an upgrade that changes the path, so the offline test below is re-read.
+    source = inspect.getsource(create_or_update_cluster) + inspect.getsource(_bootstrap_config)
+    at = [source.find(step) for step in RAY_UP_STEPS]
+    assert -1 not in at and at == sorted(at), dict(zip(RAY_UP_STEPS, at, strict=True))
+
+
+@pytest.mark.parametrize("path", CLOUD, ids=ids(CLOUD))
+def test_ray_up_offline_steps_pass_for_cloud_manifest(path: Path, offline: None) -> None:
+    """`_bootstrap_config` up to the cloud: prepare, load the provider, (gcp) fill out resources, validate.
+
+    Not run: AWS's fillout (EC2 DescribeInstanceTypes) and `bootstrap_config` for both clouds. GCP's fillout
+    only reads node_config (it adds TPU pod resources) and rejects a node type that is not a Compute instance.
+    """
+    cfg = prepare_config(load(path))
+    kind = cfg["provider"]["type"]
+    cloud_provider_cls(cfg["provider"])  # a clear failure when the extra is missing
+    provider_cls = _NODE_PROVIDERS[kind](cfg["provider"])
+    if kind == "gcp":
+        filled = provider_cls.fillout_available_node_types_resources(cfg)
+        assert filled["available_node_types"] == cfg["available_node_types"]  # no TPUs: nothing added
+        cfg = filled
+    validate_config(cfg)
+
+
+@pytest.mark.parametrize("path", by_provider("gcp"), ids=ids(by_provider("gcp")))
+def test_gcp_fillout_rejects_a_node_type_without_machine_type(path: Path, offline: None) -> None:
+    cfg = prepare_config(load(path))
+    _first_worker(cfg)["node_config"].pop("machineType")
+    with pytest.raises(ValueError, match="For a Compute instance, 'machineType' is required"):
+        cloud_provider_cls(cfg["provider"]).fillout_available_node_types_resources(cfg)
 
 
 def _rename(d: dict[str, Any], old: str, new: str) -> None:

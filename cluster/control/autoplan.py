@@ -1,0 +1,175 @@
+"""The planner loop: every `planner_loop.interval_s` the PoolController re-plans both pools from the
+traffic its ingress replicas saw (cluster/serve/traffic.py) and the latency they measured.
+
+The planning itself is placement.replan.Replanner (pure): forecast, online correction of the latency
+model, sizing by simulation, hysteresis and cooldown. This module feeds it and acts on it:
+- `advisory` (the default): logs each decision and hands it to the ingress replicas (/v1/stats
+  `planner`, saaf_planner_* metrics); the pools stay as they are.
+- `on`: also asks Ray's autoscaler for the whole planned set of worker bundles each interval
+  (`ray.autoscaler.sdk.request_resources` keeps only the latest request, so a smaller set after a
+  shrink is the clear), and resizes the pools with PoolController.scale: new workers join routing when
+  ready; a removed worker first leaves routing, then drains (in-flight requests finish, handoffs pinned
+  on a prefill worker are pulled, released or expire), then stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from placement.replan import Decision, LoopSettings, Replanner, Sizes, TrafficWindow, merge_windows
+
+if TYPE_CHECKING:
+    from cluster.control.pools import PoolController
+
+logger = logging.getLogger(__name__)
+LIVE = ("ready", "starting", "replacing")  # states of a pool's members (draining ones are leaving)
+
+
+def resource_bundles(shape: Any, count: int) -> list[dict[str, float]]:
+    """What `count` engines of `shape` ask of the autoscaler: a STRICT_PACK engine as one bundle (all of it
+    must fit on one node), a PACK engine (spans nodes) bundle by bundle."""
+    per = [shape.capacity] if shape.strategy == "STRICT_PACK" else list(shape.bundles)
+    return [dict(b) for _ in range(count) for b in per]
+
+
+class PlannerLoop:
+    def __init__(self, ctl: PoolController) -> None:
+        self.ctl = ctl
+        self.cfg = ctl.cfg.planner_loop
+        self.colocated = ctl.cfg.mode == "colocated"
+        self._windows: list[TrafficWindow] = []
+        self._since = time.time()
+        self._replanner: Replanner | None = None
+        self._cal_version = -1
+        self.last: Decision | None = None
+        self.error: str | None = None
+        self.actions: list[dict[str, Any]] = []
+        self._scaling: asyncio.Task | None = None
+        self._task: asyncio.Task | None = None
+        self.requested: list[dict[str, float]] | None = None
+
+    # ---- what the ingress replicas call (through the controller) ----------------------------------
+    def report(self, windows: list[TrafficWindow]) -> dict[str, Any]:
+        self._windows.extend(windows)
+        del self._windows[:-1000]  # NOTE: bounded, whatever the number of replicas
+        return self.status()
+
+    def status(self) -> dict[str, Any]:
+        return {"mode": self.cfg.mode, "interval_s": self.cfg.interval_s,
+                "decision": None if self.last is None else self.last.as_dict(), "error": self.error,
+                "scaling": self._scaling is not None and not self._scaling.done(),
+                "actions": self.actions[-20:], "requested_resources": self.requested}
+
+    # ---- the loop ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._since = time.time()
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        for t in (self._task, self._scaling):
+            if t is not None:
+                t.cancel()
+        if self.requested:
+            self._request([])
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.interval_s)
+            try:
+                await self.tick()
+                self.error = None
+            except Exception as e:  # noqa: BLE001 - the loop goes on; the status shows why it did nothing
+                self.error = f"{type(e).__name__}: {e}"
+                logger.exception("planner loop: re-plan failed")
+
+    def sizes(self) -> Sizes:
+        live = [w["role"] for w in self.ctl.workers.values() if w["state"] in LIVE]
+        if self.colocated:
+            return Sizes(0, live.count("colocated"))
+        return Sizes(live.count("prefill"), live.count("decode"))
+
+    async def tick(self) -> Decision:
+        now = time.time()
+        window = merge_windows(self._windows, self._since, now)
+        self._windows, self._since = [], now
+        current = self.sizes()
+        rp = self.replanner()
+        # NOTE: sizing runs a few hundred simulated requests per probe: in a thread, so the controller keeps
+        # answering membership and health calls meanwhile.
+        d = await asyncio.to_thread(rp.step, window, current)
+        self.last = d
+        logger.info("planner loop (%s): %.3g req/s seen, %.3g forecast; wants %s, sets %s (now %s); predicted "
+                    "attainment %.2f; %s", self.cfg.mode, d.observed_rps, d.forecast_rps, tuple(d.wanted),
+                    tuple(d.target), tuple(current), d.predicted_attainment, d.reason)
+        if self.cfg.mode != "on":
+            return d
+        if self.cfg.request_resources:
+            self._request(self.bundles(d.target))
+        if d.target != current and (self._scaling is None or self._scaling.done()):
+            self._scaling = asyncio.get_running_loop().create_task(self._apply(current, d.target))
+        return d
+
+    def replanner(self) -> Replanner:
+        """Built on the router's latency model; rebuilt on it when the controller publishes a calibration."""
+        from cluster.router.latency import latency_from_config
+
+        version, cal = self.ctl._calibrated
+        if self._replanner is not None and version == self._cal_version:
+            return self._replanner
+        p_lat = latency_from_config(self.ctl.cfg.router, self.ctl.engine_for("prefill").tensor_parallel_size)
+        d_lat = latency_from_config(self.ctl.cfg.router, self.ctl.engine_for("decode").tensor_parallel_size)
+        if cal is not None:
+            p_lat = p_lat.refitted(cal.coefficients, "calibrated")
+            d_lat = d_lat.refitted(cal.coefficients, "calibrated")
+        c = self.cfg
+        lo = Sizes(0 if self.colocated else c.min_prefill, c.min_decode)
+        settings = LoopSettings(min=lo, max=Sizes(0 if self.colocated else c.max_prefill, c.max_decode),
+                                down_after=c.down_after, cooldown_s=c.cooldown_s, up_cooldown_s=c.up_cooldown_s,
+                                max_prefill_tokens=self.ctl.cfg.engine.max_num_batched_tokens,
+                                colocated=self.colocated)
+        old = self._replanner
+        self._replanner = Replanner(p_lat, d_lat, self.ctl.cfg.slo.spec(), settings)
+        if old is not None:  # NOTE: the traffic history stays; corrections learnt against the old model do not
+            self._replanner.forecaster = old.forecaster
+            self._replanner._recent = old._recent
+            self._replanner._changed_at = old._changed_at
+        self._cal_version = version
+        return self._replanner
+
+    def bundles(self, target: Sizes) -> list[dict[str, float]]:
+        roles = {"colocated": target.decode} if self.colocated else {"prefill": target.prefill,
+                                                                      "decode": target.decode}
+        return [b for role, n in roles.items() for b in resource_bundles(self.ctl.shape_for(role), n)]
+
+    def _request(self, bundles: list[dict[str, float]]) -> None:
+        from ray.autoscaler.sdk import request_resources
+
+        try:
+            request_resources(bundles=bundles)
+            self.requested = bundles
+        except Exception as e:  # noqa: BLE001 - no autoscaler to ask (a fixed cluster): scaling still works
+            logger.warning("planner loop: request_resources failed (%s); resizing within the cluster", e)
+
+    async def _apply(self, current: Sizes, target: Sizes) -> None:
+        roles = ([("colocated", current.decode, target.decode)] if self.colocated else
+                 [("prefill", current.prefill, target.prefill), ("decode", current.decode, target.decode)])
+        moves = [(r, a, b) for r, a, b in roles if a != b]
+
+        async def one(role: str, frm: int, to: int) -> None:
+            t0 = time.time()
+            act: dict[str, Any] = {"at": t0, "role": role, "from": frm, "to": to}
+            try:
+                res = await self.ctl.scale(role, to, drain_timeout_s=self.cfg.drain_timeout_s)
+                act.update(res, outcome="done")
+            except Exception as e:  # noqa: BLE001 - reported in the status; the next interval tries again
+                act.update(outcome="failed", error=str(e)[:300])
+                logger.error("planner loop: scaling %s %d -> %d failed: %s", role, frm, to, e)
+            act["seconds"] = round(time.time() - t0, 2)
+            self.actions.append(act)
+            del self.actions[:-100]
+
+        await asyncio.gather(*(one(*m) for m in moves))

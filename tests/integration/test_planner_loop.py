@@ -1,0 +1,100 @@
+"""Issue 16, live on CPU: the planner loop (planner_loop.mode: on) grows the decode pool under load and
+shrinks it once the load is gone, through PoolController.scale (drain first); no request fails.
+
+The SLO's TPOT target (1 ms) is one no CPU engine meets, so any traffic wants the pool's maximum and
+no traffic its minimum: the test checks the loop's mechanism (observe, decide, act, drain) on real
+engines. How well it sizes is checked against the simulator in tests/unit/test_replan.py and in the
+committed study (benchmarks/results/replan-study)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from kvtransfer.config import free_port
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def planned(ray_session):
+    from cluster.config import parse_config
+    from cluster.control import deploy
+
+    cfg = parse_config({
+        "name": "plan", "mode": "disaggregated",
+        "engine": {"model": "tiny-llama", "kv_cache_mib": 32, "max_model_len": 512},
+        "pools": {"prefill": 1, "decode": 1},
+        "slo": {"ttft_ms": 60000, "tpot_ms": 1},
+        "router": {"admission": "best_effort"},
+        "planner_loop": {"mode": "on", "interval_s": 2, "max_prefill": 1, "max_decode": 2, "down_after": 2,
+                         "cooldown_s": 4, "drain_timeout_s": 60},
+        "serve": {"port": free_port()}, "ray": {"namespace": "saaf-test"},
+    })
+    info = deploy.start(cfg, ready_timeout_s=600)
+    yield info
+    deploy.stop(info["config"])
+
+
+def _planner(endpoint: str) -> dict:
+    return httpx.get(f"{endpoint}/v1/stats", timeout=10).json()["planner"] or {}
+
+
+def _decoders(endpoint: str) -> int:
+    return sum(w["role"] == "decode" for w in httpx.get(f"{endpoint}/v1/stats", timeout=10).json()["workers"])
+
+
+def _wait(cond, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def test_the_loop_grows_under_load_and_shrinks_after_without_a_failed_request(planned):
+    endpoint, model = planned["endpoint"], planned["model"]
+    results: list[int] = []
+    stop = threading.Event()
+
+    def load(k: int) -> None:
+        for i in range(5000):  # NOTE: bounded; the test stops the threads long before
+            if stop.is_set():
+                return
+            try:
+                r = httpx.post(f"{endpoint}/v1/completions", timeout=120, json={
+                    "model": model, "prompt": f"load {k} {i} " * 8, "max_tokens": 24, "ignore_eos": True})
+                results.append(r.status_code)
+            except httpx.HTTPError:
+                results.append(-1)
+
+    threads = [threading.Thread(target=load, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        _wait(lambda: _decoders(endpoint) == 2, 240, "the loop to grow the decode pool to 2")
+        st = _planner(endpoint)
+        d = st["decision"]
+        assert st["mode"] == "on" and d["observed_rps"] > 0 and d["target"]["decode"] == 2
+        assert d["target"]["prefill"] == 1  # max_prefill bounds what it sets
+        time.sleep(4)  # the grown pool serves some of the load
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(180)
+    grown = len(results)
+    _wait(lambda: _decoders(endpoint) == 1, 120, "the loop to shrink the decode pool back to 1")
+    st = _planner(endpoint)
+    acts = [(a["role"], a["from"], a["to"], a["outcome"]) for a in st["actions"]]
+    assert ("decode", 1, 2, "done") in acts and ("decode", 2, 1, "done") in acts, acts
+    assert grown > 10 and set(results) == {200}, {c: results.count(c) for c in set(results)}
+    # the endpoint still serves on the pool the loop left, and exports the loop's view
+    r = httpx.post(f"{endpoint}/v1/completions", timeout=120,
+                   json={"model": model, "prompt": "after", "max_tokens": 4, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    metrics = httpx.get(f"{endpoint}/metrics", timeout=10).text
+    assert 'saaf_planner_target{role="decode"}' in metrics and "saaf_planner_predicted_goodput_rps" in metrics

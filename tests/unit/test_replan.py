@@ -1,0 +1,176 @@
+"""The planner loop's pure core (placement/replan.py) and its feeds (cluster/serve/traffic.py,
+cluster/control/autoplan.resource_bundles): forecasting, sizing against an independent simulation,
+hysteresis, cooldown, online correction, bounded samples."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from cluster.control.autoplan import resource_bundles
+from cluster.control.placer import engine_shape
+from cluster.serve.traffic import TrafficLog
+from placement.catalog import get_hardware, get_model
+from placement.config import SLOSpec
+from placement.latency import LatencyModel
+from placement.replan import Forecaster, LoopSettings, Replanner, Sizes, TrafficWindow, merge_windows
+from placement.simulator import simulate_disaggregated
+
+SLO = SLOSpec(ttft_s=0.4, tpot_s=0.03, attainment=0.9)
+
+
+@pytest.fixture(scope="module")
+def lat() -> LatencyModel:
+    return LatencyModel.from_catalog(get_model("llama-3.1-8b"), get_hardware("h100-sxm"), tp=1)
+
+
+def window(i: int, rate: float, rng: np.random.Generator, prompt: tuple[int, int] = (200, 2000),
+           length_s: float = 60.0, **kw) -> TrafficWindow:
+    n = int(rate * length_s)
+    return TrafficWindow(i * length_s, (i + 1) * length_s, n, tuple(int(x) for x in rng.integers(*prompt, 200)),
+                         tuple(int(x) for x in rng.integers(50, 400, 200)), **kw)
+
+
+def test_forecaster_follows_a_ramp_and_reports_its_error() -> None:
+    f = Forecaster(0.5, 0.3)
+    for r in range(1, 30):
+        nxt = f.update(float(r))
+    assert f.error is not None and f.error < 0.1  # the last forecast (for 29) was within 10%
+    assert 29 < nxt < 31  # the trend is carried one step on
+
+
+def test_fewest_matches_brute_force() -> None:
+    for threshold in range(1, 40):
+        for lo in (1, 3, 7):
+            for hi in (lo, 10, 33):
+                calls: list[int] = []
+
+                def ok(k: int, t=threshold, calls=calls) -> bool:
+                    calls.append(k)
+                    return k >= t
+                want = next((k for k in range(lo, hi + 1) if ok(k)), hi)
+                calls.clear()
+                assert Replanner._fewest(ok, lo, hi) == want
+                assert len(calls) <= 2 * math.ceil(math.log2(hi + 1)) + 2
+
+
+def test_sizes_meet_the_target_and_one_fewer_does_not(lat: LatencyModel) -> None:
+    rp = Replanner(lat, lat, SLO, LoopSettings(max=Sizes(32, 32)))
+    rng = np.random.default_rng(1)
+    rp._windows.append(window(0, 40, rng))
+    wl = rp._workload()
+    for rate in (20.0, 60.0, 120.0):
+        s = rp.size(wl, rate)
+        reqs = rp._workload(rate).at_rate(rate)  # the sample size() plans on (spans 4 request lifetimes)
+        # NOTE: an independent check, straight on the simulator
+        assert simulate_disaggregated(lat, lat, s.prefill, s.decode, reqs).attainment(SLO.ttft_s, SLO.tpot_s) >= 0.9
+        if s.prefill > 1:
+            fewer = simulate_disaggregated(lat, lat, s.prefill - 1, s.decode, reqs, mode="prefill")
+            assert fewer.attainment(SLO.ttft_s, math.inf) < 0.9 or fewer.attainment(SLO.ttft_s, SLO.tpot_s) < 0.9
+    sizes = [rp.size(wl, r) for r in (10.0, 40.0, 160.0)]
+    assert sizes[0].prefill <= sizes[1].prefill <= sizes[2].prefill and sizes[2].prefill > sizes[0].prefill
+
+
+def test_grows_at_once_shrinks_after_down_after_windows_and_cooldown(lat: LatencyModel) -> None:
+    rp = Replanner(lat, lat, SLO, LoopSettings(max=Sizes(16, 16), down_after=3, cooldown_s=200.0))
+    rng = np.random.default_rng(2)
+    cur = Sizes(1, 1)
+    d = rp.step(window(0, 150, rng), cur)
+    assert d.target.prefill > 1 and d.reason.endswith("grow")  # no waiting on the way up
+    cur, peak = d.target, d.target
+    held = []
+    for i in range(1, 8):
+        d = rp.step(window(i, 2, rng), cur)
+        held.append(d.target == cur)
+        cur = d.target
+    # windows 1 and 2 cannot shrink (fewer than 3 windows wanting fewer); at 180 s the cooldown still holds
+    assert held[:3] == [True, True, True]
+    assert cur.prefill < peak.prefill  # and once both allow it, the pool shrinks
+    assert cur.prefill >= 1 and cur.decode >= 1
+
+
+def test_min_and_max_bound_every_target(lat: LatencyModel) -> None:
+    rp = Replanner(lat, lat, SLO, LoopSettings(min=Sizes(2, 2), max=Sizes(3, 3), cooldown_s=0, down_after=1))
+    rng = np.random.default_rng(3)
+    cur = Sizes(2, 2)
+    for i, rate in enumerate((0.5, 500, 500, 0.5, 0.5)):
+        d = rp.step(window(i, rate, rng), cur)
+        assert 2 <= d.target.prefill <= 3 and 2 <= d.target.decode <= 3
+        cur = d.target
+    assert rp.decisions[1].wanted.prefill == 3  # 500 req/s wants more than max: capped
+
+
+def test_corrections_converge_on_how_much_slower_the_machine_is(lat: LatencyModel) -> None:
+    rng = np.random.default_rng(4)
+    truth = lat.scaled(2.0, 2.0)  # the serving machine: every prefill and decode step twice the model's
+    plain = Replanner(lat, lat, SLO, LoopSettings(max=Sizes(32, 32)))
+    slow = Replanner(lat, lat, SLO, LoopSettings(max=Sizes(32, 32)))
+    w0 = window(0, 30, rng)
+    base = plain.step(w0, Sizes(4, 4))
+    probe = Replanner(lat, lat, SLO)
+    probe._windows.append(w0)
+    for i in range(10):
+        reqs = probe._workload(30.0).at_rate(30.0)
+        res = simulate_disaggregated(truth, truth, 4, 4, reqs)  # what the ingress would have measured
+        done = [r for r in res.records if not r.rejected]
+        d = slow.step(w0._replace(start_s=i * 60.0, end_s=(i + 1) * 60.0, ttft_s=tuple(r.ttft_s for r in done),
+                                  tpot_s=tuple(r.tpot_s for r in done if r.output_len > 1)), Sizes(4, 4))
+    assert 1.6 < d.ttft_correction < 2.5 and 1.6 < d.tpot_correction < 2.5
+    assert d.wanted.prefill > base.wanted.prefill and d.wanted.decode >= base.wanted.decode
+
+
+def test_merge_windows_and_prefix_hit_rate() -> None:
+    a = TrafficWindow(0, 5, 10, (100,) * 10, (20,) * 8, (0.1,) * 8, (0.01,) * 8, 800, 200)
+    b = TrafficWindow(0, 5, 30, (300,) * 30, (40,) * 20, (0.2,) * 20, (0.02,) * 20, 6000, 0)
+    m = merge_windows([a, b], 0.0, 10.0)
+    assert m.arrivals == 40 and m.rate_rps == 4.0
+    assert len(m.prompt_lens) == 40 and m.prefix_hit_rate == pytest.approx(200 / 6800)
+    big = merge_windows([b] * 100, 0.0, 10.0, cap=100)
+    assert len(big.prompt_lens) <= 100 and big.arrivals == 3000
+
+
+def test_traffic_log_counts_every_arrival_and_bounds_its_samples() -> None:
+    log = TrafficLog(cap=50)
+    for i in range(500):
+        log.arrival(100 + i, n=2 if i % 10 == 0 else 1)
+    for _ in range(300):
+        log.finished(120, [30], 0.2, 0.02, cached_tokens=40)
+    log.finished(120, [1], 0.3, 0.0, cached_tokens=500)  # one-token output: no TPOT; cached capped at prompt
+    w = log.take()
+    assert w.arrivals == 550 and len(w.prompt_lens) == 50 and min(w.prompt_lens) >= 100
+    assert len(w.ttft_s) == 50 and len(w.tpot_s) == 50
+    assert w.prompt_tokens == 301 * 120 and w.cached_tokens == 300 * 40 + 120
+    nxt = log.take()
+    assert nxt.arrivals == 0 and nxt.start_s >= w.end_s
+
+
+def test_resource_bundles_keep_a_strict_pack_engine_on_one_node() -> None:
+    one = engine_shape("cuda", 4, 1, 1.0, 1.0, gpus_per_node=8)
+    assert resource_bundles(one, 2) == [{"CPU": 1.0, "GPU": 4.0}] * 2
+    spans = engine_shape("cuda", 8, 2, 1.0, 1.0, gpus_per_node=8)
+    assert len(resource_bundles(spans, 1)) == 16 and sum(b.get("GPU", 0) for b in resource_bundles(spans, 1)) == 16
+    assert resource_bundles(engine_shape("cpu", 1, 1, 1.0, 2.0), 3) == [{"CPU": 2.0}] * 3
+
+
+def test_the_study_runs_end_to_end_and_the_loop_spends_less_than_the_peak_plan(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "study"
+    r = subprocess.run([sys.executable, "-m", "placement", "replan-study", "--out", str(out), "--intervals", "8",
+                        "--sample-s", "20"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json.loads((out / "results.json").read_text())
+    st = res["strategies"]
+    assert set(st) == {"fixed_peak", "fixed_mean", "planner_loop"}
+    for s in st.values():  # every strategy served the same requests
+        assert s["summary"]["requests"] == st["fixed_peak"]["summary"]["requests"] > 0
+    assert st["planner_loop"]["summary"]["gpu_hours"] < st["fixed_peak"]["summary"]["gpu_hours"]
+    assert len(st["planner_loop"]["decisions"]) == 8 and (out / "day.png").stat().st_size > 1000
+    assert res["provenance"]["command"].startswith("python -m placement replan-study")
+    bad = subprocess.run([sys.executable, "-m", "placement", "replan-study", "--out", str(out), "--intervals", "1"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--intervals >= 2" in bad.stderr
