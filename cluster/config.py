@@ -45,6 +45,54 @@ class PoolSizes(BaseModel):
         return self
 
 
+# What a pool may set for itself (cluster.config.PoolEngines); everything else is one value for the deployment.
+POOL_ENGINE_FIELDS = ("enable_prefix_caching", "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs",
+                      "speculative", "kv_cache_mib", "cpu_threads", "gpu_memory_utilization", "startup_timeout_s")
+# NOTE: NIXL's handshake compares the model, its dtype and the KV cache dtype (and the block layout
+# follows from them): a prefill engine's KV blocks must be byte-for-byte what the decode engine expects.
+SHARED_ENGINE_FIELDS = {"model": "both pools serve one model", "dtype": "NIXL's handshake compares the dtype",
+                        "kv_cache_dtype": "NIXL's handshake compares the KV cache dtype",
+                        "quantization": "quantization changes the weights both pools compute the KV from",
+                        "max_model_len": "a prompt the prefill pool accepts must fit the decode pool",
+                        "served_model_name": "clients see one model name", "device": "one device kind per deployment",
+                        "seed": "one seed keeps seeded sampling reproducible across the handoff"}
+
+
+class PoolEngines(BaseModel):
+    """Engine options one pool sets for itself, over `engine` (e.g. speculative decoding on decode, prefix
+    caching or a chunked-prefill budget on prefill). Weights and KV layout stay shared: see
+    SHARED_ENGINE_FIELDS."""
+
+    model_config = ConfigDict(extra="forbid")
+    prefill: dict[str, Any] = Field(default_factory=dict, description="Overrides for prefill engines")
+    decode: dict[str, Any] = Field(default_factory=dict, description="Overrides for decode engines")
+
+    @model_validator(mode="after")
+    def _fields(self) -> PoolEngines:
+        for pool in ("prefill", "decode"):
+            for key in getattr(self, pool):
+                if key in SHARED_ENGINE_FIELDS:
+                    raise ValueError(f"pool_engines.{pool}.{key}: set it once under engine.{key} ("
+                                     f"{SHARED_ENGINE_FIELDS[key]})")
+                if key not in POOL_ENGINE_FIELDS:
+                    raise ValueError(f"pool_engines.{pool}.{key}: not a per-pool engine option; use one of "
+                                     f"{', '.join(POOL_ENGINE_FIELDS)}")
+        if "speculative" in self.prefill and self.prefill["speculative"] is not None:
+            raise ValueError("pool_engines.prefill.speculative: a prefill engine emits one token; speculative "
+                             "decoding belongs on the decode pool (pool_engines.decode.speculative)")
+        return self
+
+    def apply(self, role: str, engine: EngineConfig) -> EngineConfig:
+        """The engine config of one pool. A prefill engine never speculates (it emits one token), even when
+        `engine.speculative` is set for the deployment."""
+        over = dict(getattr(self, role, None) or {}) if role in ("prefill", "decode") else {}
+        if role == "prefill" and engine.speculative is not None:
+            over["speculative"] = None
+        if not over:
+            return engine
+        return EngineConfig.model_validate({**engine.model_dump(), **over})
+
+
 class SLOConfig(BaseModel):
     """The deployment's one SLO: the router admits against it and the planner (pools: auto) sizes the pools
     for it (`spec()` is the planner's placement.config.SLOSpec). Per-request headers may only tighten it."""
@@ -243,6 +291,7 @@ class DeployConfig(BaseModel):
     name: str = Field("saaf", pattern=r"^[a-z][a-z0-9-]{0,40}$", description="Deployment name")
     mode: Literal["disaggregated", "colocated"] = "disaggregated"
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    pool_engines: PoolEngines = Field(default_factory=PoolEngines)
     pools: PoolSizes | Literal["auto"] = Field(default_factory=PoolSizes)
     transfer: TransferConfig = Field(default_factory=TransferConfig)
     router: RouterConfig = Field(default_factory=RouterConfig)
@@ -260,6 +309,13 @@ class DeployConfig(BaseModel):
     def _check(self) -> DeployConfig:
         if self.pools == "auto" and self.planner is None:
             raise ValueError("pools: auto needs a 'planner' section (model, hardware, workload, slo)")
+        if self.mode == "colocated" and (self.pool_engines.prefill or self.pool_engines.decode):
+            raise ValueError("pool_engines: colocated mode has one pool; set the options under engine")
+        for pool in ("prefill", "decode"):
+            try:
+                self.pool_engines.apply(pool, self.engine)
+            except ValidationError as e:
+                raise ValueError(f"pool_engines.{pool}: {_fmt(e).strip()}") from None
         return self
 
 

@@ -9,6 +9,27 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Device = Literal["cpu", "cuda"]
 
 
+class SpeculativeConfig(BaseModel):
+    """vLLM speculative decoding. `ngram` (prompt lookup) needs no draft model and runs on CPU."""
+
+    model_config = ConfigDict(extra="forbid")
+    method: Literal["ngram"] = Field("ngram", description="ngram: propose the continuation of an earlier match "
+                                                           "of the last tokens in the prompt + output")
+    num_speculative_tokens: int = Field(4, ge=1, le=16, description="Tokens proposed per step")
+    prompt_lookup_min: int = Field(2, ge=1, description="Shortest n-gram matched")
+    prompt_lookup_max: int = Field(4, ge=1, description="Longest n-gram matched")
+
+    @model_validator(mode="after")
+    def _lookup(self) -> SpeculativeConfig:
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min={self.prompt_lookup_min} > prompt_lookup_max={self.prompt_lookup_max}")
+        return self
+
+    def vllm(self) -> dict[str, Any]:
+        return {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens,
+                "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
+
+
 class EngineConfig(BaseModel):
     """How each vLLM engine of a deployment is built. CPU-only settings live here and nowhere else."""
 
@@ -37,6 +58,13 @@ class EngineConfig(BaseModel):
     pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline stages per engine")
     enforce_eager: bool | None = Field(None, description="Disable CUDA graphs; always on for CPU")
     enable_prefix_caching: bool = Field(True, description="vLLM automatic prefix caching")
+    enable_chunked_prefill: bool | None = Field(None, description="vLLM chunked prefill (None: vLLM's default, on); "
+                                                                  "its token budget is max_num_batched_tokens")
+    kv_cache_dtype: str = Field("auto", description="KV cache dtype ('auto' = the model's dtype; fp8 on GPU)")
+    quantization: str | None = Field(None, description="vLLM quantization method (None: what the checkpoint "
+                                                       "declares; e.g. fp8 on GPU)")
+    speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding (decode pool only in "
+                                                                     "disaggregated mode)")
     cpu_threads: int = Field(1, ge=1, description="OMP threads per CPU engine (1 is best on small boxes)")
     seed: int = Field(0, description="Engine seed")
     startup_timeout_s: float = Field(300, gt=0, description="Max seconds for one engine to become ready")
@@ -83,6 +111,14 @@ class EngineConfig(BaseModel):
         }
         if self.max_num_batched_tokens:
             kw["max_num_batched_tokens"] = self.max_num_batched_tokens
+        if self.enable_chunked_prefill is not None:
+            kw["enable_chunked_prefill"] = self.enable_chunked_prefill
+        if self.kv_cache_dtype != "auto":
+            kw["kv_cache_dtype"] = self.kv_cache_dtype
+        if self.quantization:
+            kw["quantization"] = self.quantization
+        if self.speculative is not None:
+            kw["speculative_config"] = self.speculative.vllm()
         if device == "cpu":
             kw.update(
                 dtype="float32" if self.dtype == "auto" else self.dtype,

@@ -54,14 +54,16 @@ def check_cpu_memory(cfg: DeployConfig, sizes: dict[str, int], nodes: list[dict[
     """CPU engines: each engine's KV cache (engine.kv_cache_mib, allocated at start) must fit one node's
     memory and all of them the cluster's (Ray's `memory` resource: what it schedules with). NOTE: without
     this, vLLM's EngineCore dies at start and the user reads "Engine core initialization failed"."""
-    mib = cfg.engine.kv_cache_mib or 256
+    per = {role: cfg.pool_engines.apply(role, cfg.engine).kv_cache_mib or 256 for role in sizes}
+    mib = max(per.values(), default=256)
     engines = sum(sizes.values())
+    total = sum(per[r] * n for r, n in sizes.items())
     node_mib = [int(n.get("memory", 0)) >> 20 for n in nodes if n.get("memory")]
     if not node_mib:
         return
-    if mib > max(node_mib) or mib * engines > sum(node_mib):
+    if mib > max(node_mib) or total > sum(node_mib):
         raise ConfigError(
-            f"engine.kv_cache_mib {mib} MiB per engine x {engines} engine(s) = {mib * engines} MiB of KV cache, "
+            f"engine.kv_cache_mib {mib} MiB per engine x {engines} engine(s) = {total} MiB of KV cache, "
             f"but the cluster's nodes have {', '.join(f'{m} MiB' for m in node_mib)} of memory for Ray; lower "
             "engine.kv_cache_mib or the pool sizes, or add memory")
 

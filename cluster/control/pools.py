@@ -59,7 +59,7 @@ class PoolController:
 
     def engine_for(self, role: str):
         """The engine config of one pool: the shared one with the pool's TP/PP from the plan, if any."""
-        pools, ecfg = self.cfg.pools, self.cfg.engine
+        pools, ecfg = self.cfg.pools, self.cfg.pool_engines.apply(role, self.cfg.engine)
         if pools == "auto" or role == "colocated":
             return ecfg
         tp = getattr(pools, f"{role}_tp") or ecfg.tensor_parallel_size
