@@ -162,6 +162,7 @@ class EngineHost:
             recent_step_times_s=tuple(t.step_times),
             healthy=not self.engine.errored,
             timestamp_s=time.time(),
+            spec_acceptance=round(t.spec_accepted / t.spec_drafted, 4) if t.spec_drafted else None,
         )
 
     def totals_snapshot(self) -> dict[str, Any]:

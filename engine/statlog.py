@@ -25,6 +25,8 @@ class EngineTotals:
         self.kv_expired = 0
         self.prompt_tokens_computed = 0
         self.prompt_tokens_external = 0
+        self.spec_drafted = 0  # speculative decoding: draft tokens proposed, and accepted
+        self.spec_accepted = 0
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -35,6 +37,8 @@ class EngineTotals:
             "kv_expired": self.kv_expired,
             "prompt_tokens_computed": self.prompt_tokens_computed,
             "prompt_tokens_external": self.prompt_tokens_external,
+            "spec_drafted": self.spec_drafted,
+            "spec_accepted": self.spec_accepted,
         }
 
 
@@ -50,6 +54,10 @@ def make_stat_logger_factory(totals: EngineTotals):
                 t.waiting = scheduler_stats.num_waiting_reqs
                 t.running = scheduler_stats.num_running_reqs
                 t.kv_usage = float(scheduler_stats.kv_cache_usage)
+                spec = getattr(scheduler_stats, "spec_decoding_stats", None)
+                if spec is not None:
+                    t.spec_drafted += spec.num_draft_tokens
+                    t.spec_accepted += spec.num_accepted_tokens
                 kv = scheduler_stats.kv_connector_stats or {}
                 data = kv.get("NixlConnector", kv) if isinstance(kv, dict) else {}
                 if isinstance(data, dict):

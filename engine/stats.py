@@ -24,3 +24,4 @@ class WorkerStats(NamedTuple):
     recent_step_times_s: tuple[float, ...]
     healthy: bool = True
     timestamp_s: float = 0.0
+    spec_acceptance: float | None = None  # accepted / proposed draft tokens so far (speculating engines only)

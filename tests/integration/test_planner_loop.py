@@ -99,6 +99,9 @@ def test_the_loop_grows_under_load_and_shrinks_after_without_a_failed_request(pl
     # NOTE: the worker leaves routing first; the action is recorded once it drained and stopped
     _wait(lambda: ("decode", 2, 1, "done") in acts(), 90, "the drained worker to stop")
     assert ("decode", 1, 2, "done") in acts(), acts()
+    # the loop's decode model follows the acceptance rate the speculating engines measured
+    acc = _planner(endpoint)["speculative_acceptance"]
+    assert acc is not None and 0 <= acc <= 1, acc
     assert grown > 10 and set(results) == {200}, {c: results.count(c) for c in set(results)}
     # the endpoint still serves on the pool the loop left, and exports the loop's view
     r = httpx.post(f"{endpoint}/v1/completions", timeout=120,

@@ -174,3 +174,19 @@ def test_the_study_runs_end_to_end_and_the_loop_spends_less_than_the_peak_plan(t
     bad = subprocess.run([sys.executable, "-m", "placement", "replan-study", "--out", str(out), "--intervals", "1"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--intervals >= 2" in bad.stderr
+
+
+def test_speculation_divides_a_memory_bound_step_by_the_tokens_it_yields(lat: LatencyModel) -> None:
+    b, ctx = 1, 1000
+    plain = lat.decode_step_time_s(b, ctx)
+    none = lat.with_speculation(4, 0.0).decode_step_time_s(b, ctx)
+    good = lat.with_speculation(4, 0.8).decode_step_time_s(b, ctx)
+    tokens = (1 - 0.8 ** 5) / (1 - 0.8)  # 3.36 tokens per step on average
+    assert none >= plain  # nothing accepted: every step pays for verifying 5 tokens and yields one
+    assert plain / tokens <= good < plain / tokens * 1.2  # batch 1 is memory-bound: ~the full speed-up
+    assert lat.with_speculation(4, 0.8).prefill_time_s([512]) == lat.prefill_time_s([512])
+    # at a large batch the verification compute eats the gain
+    big = 256
+    gain_small = plain / good
+    gain_big = lat.decode_step_time_s(big, big * ctx) / lat.with_speculation(4, 0.8).decode_step_time_s(big, big * ctx)
+    assert gain_big < gain_small
