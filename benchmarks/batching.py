@@ -67,11 +67,11 @@ def measure_decode(model: str, batches: list[int], context: int, steps: int) -> 
 
     path = resolve_model(model)
     arch = model_from_hf_config(path)
-    kv_mib = int(max(batches) * (context + steps + 16) * arch.kv_bytes_per_token("fp32") / 2**20 * 1.2) + 64
+    kv_mib = int(max(batches) * (context + steps + 80) * arch.kv_bytes_per_token("fp32") / 2**20 * 1.2) + 64
     llm = vllm.LLM(model=str(path), dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
-                   kv_cache_memory_bytes=kv_mib << 20, max_model_len=context + steps + 16,
+                   kv_cache_memory_bytes=kv_mib << 20, max_model_len=context + steps + 80,
                    enable_prefix_caching=False, max_num_seqs=max(batches),
-                   max_num_batched_tokens=max(2048, context + steps + 16), seed=0)
+                   max_num_batched_tokens=max(2048, context + steps + 80), seed=0)
     engine = llm.llm_engine
     rng = np.random.default_rng(0)
     vocab = min(arch.vocab, 32000)
@@ -79,13 +79,40 @@ def measure_decode(model: str, batches: list[int], context: int, steps: int) -> 
     rows = []
     for b in batches:
         prompts = [[int(t) for t in rng.integers(100, vocab, size=context)] for _ in range(b)]
-        run = _run_steps(engine, prompts, steps + 1, f"b{b}")
-        full = [sec for sec, live in run[1:] if live == b]  # NOTE: step 1 is the prefill of the batch
+        full = _decode_steps(engine, prompts, steps, f"b{b}")
         tpot = statistics.median(full) if full else float("nan")
         rows.append({"batch": b, "context": context, "steps_timed": len(full), "tpot_ms": round(tpot * 1e3, 3),
                      "tokens_per_s": round(b / tpot, 2), "per_user_tokens_per_s": round(1 / tpot, 2)})
         print(f"batch {b:>3}: TPOT {tpot * 1e3:8.2f} ms, {b / tpot:8.1f} tokens/s", flush=True)
     return rows, arch
+
+
+def _decode_steps(engine: Any, prompts: list[list[int]], steps: int, tag: str) -> list[float]:
+    """Seconds of each engine step in which all the prompts decode together: after every one has its first
+    token (a big batch's prompts take several chunked-prefill steps) and before any finishes."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    # NOTE: max_tokens leaves room for the steps a chunked prefill spreads the first tokens over
+    params = SamplingParams(max_tokens=steps + 64, ignore_eos=True, temperature=0.0)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"{tag}-{i}", TokensPrompt(prompt_token_ids=p), params)
+    started: set[str] = set()
+    times: list[float] = []
+    for _ in range(10_000):  # NOTE: bounded; each request ends within its max_tokens
+        if not engine.has_unfinished_requests():
+            break
+        all_decoding = len(started) == len(prompts)
+        t0 = time.perf_counter()
+        outs = engine.step()
+        dt = time.perf_counter() - t0
+        if all_decoding and len(times) < steps and not any(o.finished for o in outs):
+            times.append(dt)
+        started.update(o.request_id for o in outs if o.outputs and o.outputs[0].token_ids)
+        if len(times) >= steps:
+            for i in range(len(prompts)):
+                engine.abort_request([f"{tag}-{i}"])
+    return times
 
 
 def knee(rows: list[dict[str, Any]], key: str = "tpot_ms") -> int | None:
