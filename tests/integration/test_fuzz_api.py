@@ -24,7 +24,7 @@ from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 pytestmark = pytest.mark.integration
 
 # SAAF_FUZZ_EXAMPLES=2000 for a longer hunt; no example database (nothing written into the repo)
-FUZZ = settings(max_examples=int(os.environ.get("SAAF_FUZZ_EXAMPLES", "80")), deadline=None, database=None,
+FUZZ = settings(max_examples=int(os.environ.get("SAAF_FUZZ_EXAMPLES", "50")), deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.function_scoped_fixture])
 PATHS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest}
