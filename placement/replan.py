@@ -118,6 +118,7 @@ class LoopSettings:
     history: int = 4  # windows whose lengths form the planning sample
     max_prefill_tokens: int = 4096
     colocated: bool = False
+    max_probe_requests: int = MAX_REQUESTS  # the live loop sizes in the controller: it keeps probes smaller
 
 
 class Forecaster:
@@ -242,7 +243,7 @@ class Replanner:
         ins = np.asarray(prompts)
         life_s = self.slo.ttft_s + float(outs.mean()) * self.slo.tpot_s
         k = MIN_REQUESTS if rate is None else int(rate * max(30.0, LIFETIMES * life_s))
-        k = min(MAX_REQUESTS, max(MIN_REQUESTS, k))
+        k = min(self.settings.max_probe_requests, max(MIN_REQUESTS, k))
         return Workload(rng.choice(ins, k), rng.choice(outs, k), np.cumsum(unit_gaps(k, "poisson", 1.0, rng)))
 
     def _targets(self) -> tuple[float, float]:
