@@ -14,7 +14,6 @@ whole day); fixed-for-the-mean sizes for the day's mean rate and its overall mix
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +25,6 @@ from placement.latency import LatencyModel
 from placement.replan import LoopSettings, Replanner, Sizes, TrafficWindow
 from placement.simulator import simulate_disaggregated
 from placement.workload import Period, Request, day_periods, period_requests
-
-
-def slowed(lat: LatencyModel, k: float) -> LatencyModel:
-    """`lat` with every prefill and decode time multiplied by `k`."""
-    t = lat.terms
-    terms = replace(t, **{f: getattr(t, f) * k for f in t.__dataclass_fields__})
-    return LatencyModel(terms, tp=lat.tp, pp=lat.pp, kv_bytes_per_token=lat.kv_bytes_per_token(),
-                        kv_capacity_tokens=lat.kv_capacity_tokens(), same_node_bps=lat._same_bps,
-                        cross_node_bps=lat._cross_bps, transfer_latency_s=lat.transfer_latency_s,
-                        label=f"{lat.label} x{k:g}", request_overhead_s=lat.request_overhead_s * k)
 
 
 def window_of(p: Period, reqs: list[Request], records: list[Any]) -> TrafficWindow:
@@ -52,7 +41,7 @@ def run_study(*, model: str = "llama-3.1-8b", hardware: str = "h100-sxm", slo: S
     slo = slo or SLOSpec(ttft_s=1.5, tpot_s=0.05, attainment=0.9)
     periods = periods or day_periods()
     model_lat = LatencyModel.from_catalog(get_model(model), get_hardware(hardware), tp=1)
-    truth = slowed(model_lat, truth_factor)
+    truth = model_lat.scaled(truth_factor, truth_factor)
     settings = LoopSettings(max=Sizes(max_pool, max_pool), cooldown_s=2 * periods[0].length_s, down_after=2)
     rng = np.random.default_rng(seed)
     samples = [period_requests(p, sample_s, rng) for p in periods]
