@@ -159,7 +159,7 @@ class EngineHost:
             running_context_tokens=sum(self._running_ctx.values()),
             kv_usage=t.kv_usage,
             kv_capacity_tokens=self.num_gpu_blocks * self.block_size,
-            recent_step_times_s=tuple(t.step_times),
+            recent_step_times_s=t.recent_steps(),
             healthy=not self.engine.errored,
             timestamp_s=time.time(),
             spec_acceptance=round(t.spec_accepted / t.spec_drafted, 4) if t.spec_drafted else None,

@@ -8,6 +8,10 @@ from typing import Any
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+# NOTE: step times older than this were measured on another batch (the router compares them with the
+# model at the batch running now), so stats() leaves them out.
+STEP_WINDOW_S = 3.0
+
 
 class EngineTotals:
     """Running totals, shared between the stat logger (writer) and the worker (reader)."""
@@ -16,8 +20,9 @@ class EngineTotals:
         self.waiting = 0
         self.running = 0
         self.kv_usage = 0.0
-        self.step_times: deque[float] = deque(maxlen=32)
+        self.step_times: deque[tuple[float, float]] = deque(maxlen=32)  # (ended at, duration), monotonic
         self.last_step_at = 0.0
+        self.busy = False  # whether the engine still had requests after its latest step
         self.kv_transfers = 0
         self.kv_bytes = 0
         self.kv_transfer_s = 0.0
@@ -27,6 +32,11 @@ class EngineTotals:
         self.prompt_tokens_external = 0
         self.spec_drafted = 0  # speculative decoding: draft tokens proposed, and accepted
         self.spec_accepted = 0
+
+    def recent_steps(self, window_s: float = STEP_WINDOW_S) -> tuple[float, ...]:
+        """Durations of the steps that ended within the last `window_s`: older ones ran another batch."""
+        cut = time.monotonic() - window_s
+        return tuple(dt for end, dt in self.step_times if end >= cut)
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -50,6 +60,7 @@ def make_stat_logger_factory(totals: EngineTotals):
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
             t = self.totals
             now = time.monotonic()
+            was_busy = t.busy
             if scheduler_stats is not None:
                 t.waiting = scheduler_stats.num_waiting_reqs
                 t.running = scheduler_stats.num_running_reqs
@@ -73,9 +84,12 @@ def make_stat_logger_factory(totals: EngineTotals):
                 pts = iteration_stats.prompt_token_stats
                 t.prompt_tokens_computed += pts.computed
                 t.prompt_tokens_external += pts.external_kv_transfer
-                if t.last_step_at and (iteration_stats.num_generation_tokens or pts.total):
-                    t.step_times.append(now - t.last_step_at)
+                # NOTE: after an idle engine the gap since its last step is idle time, not a step.
+                if t.last_step_at and was_busy and (iteration_stats.num_generation_tokens or pts.total):
+                    t.step_times.append((now, now - t.last_step_at))
                 t.last_step_at = now
+            if scheduler_stats is not None:
+                t.busy = bool(scheduler_stats.num_running_reqs or scheduler_stats.num_waiting_reqs)
 
         def log_engine_initialized(self) -> None:
             pass

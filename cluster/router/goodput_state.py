@@ -16,6 +16,9 @@ from placement.latency import LatencyModel, Terms
 logger = logging.getLogger(__name__)
 _INF = math.inf
 IDLE_HALF_LIFE_S = 10.0
+# NOTE: a TTFT correction too high would refuse every request, and a refused request teaches nothing: while a
+# worker's prefill queue is empty it fades toward 1 (the model calibrated on this machine), more slowly.
+PREFILL_IDLE_HALF_LIFE_S = 60.0
 
 
 def _ewma(ratio: float, observed_over_predicted: float, alpha: float) -> float:
@@ -29,7 +32,7 @@ class WorkerState:
 
     __slots__ = ("ttft_ratio", "tpot_ratio", "step_ratio", "pstats", "dstats", "led", "led_tokens", "q", "n",
                  "run", "step_ts", "base", "extra", "dls", "inc", "inc_kv", "inc_ctx", "b0", "c0", "sm", "sk",
-                 "sf", "free", "kvf", "cap", "dr", "idle_ts")
+                 "sf", "free", "kvf", "cap", "dr", "idle_ts", "pidle_ts")
 
     def __init__(self) -> None:
         self.ttft_ratio = self.tpot_ratio = self.step_ratio = 1.0
@@ -44,6 +47,7 @@ class WorkerState:
         self.inc_kv = self.inc_ctx = self.b0 = self.c0 = 0
         self.free = self.kvf = self.cap = self.dr = self.sm = self.sk = self.sf = 0.0
         self.idle_ts = 0.0  # stats time since which the worker has been idle (0: busy)
+        self.pidle_ts = 0.0  # the same for its prefill queue
 
     def refresh_prefill(self, s: WorkerStats, t: Terms, cut: float) -> None:
         """Queue as prediction terms: base = pa*q + pb*sum(l^2) (lengths assumed equal), extra = p_lin*q
@@ -60,6 +64,13 @@ class WorkerState:
         while led and (self.led_tokens - led[0][1] >= pending or led[0][0] < cut):
             self.led_tokens -= led.popleft()[1]
         run = s.running if s.role == "prefill" else 0  # NOTE: a colocated worker's batch is decoding
+        if pending or run or s.waiting or un_n:
+            self.pidle_ts = 0.0
+        elif self.pidle_ts and ts > self.pidle_ts:
+            self.ttft_ratio **= 0.5 ** ((ts - self.pidle_ts) / PREFILL_IDLE_HALF_LIFE_S)
+            self.pidle_ts = ts
+        else:
+            self.pidle_ts = ts
         self.dls = sorted(e[2] for e in itertools.islice(led, run, None))
         self.set_queue(t, pending, s.waiting + run + un_n, run)
 

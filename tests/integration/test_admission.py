@@ -19,9 +19,8 @@ from kvtransfer.config import free_port
 pytestmark = pytest.mark.integration
 
 BURST = 20
-# NOTE: the targets are multiples of what this machine measures for a lone request (CPUs of one kind
-# differ ~1.7x): a burst of 20 on one prefill engine cannot all start within 8 lone TTFTs, a few can.
-TTFT_X, TPOT_X = 8.0, 5.0
+TTFT_X, TPOT_X = 3.0, 5.0
+OFF_MET = 0.4  # the share of the burst with admission off that meets the TTFT target (see off_burst)
 TARGETS: dict[str, float] = {}  # ttft_ms, tpot_ms: set by the admission_endpoint fixture
 
 
@@ -49,14 +48,29 @@ def _ingress(deployment, name: str, prefix: str, router: dict, **sections) -> It
 
 
 @pytest.fixture(scope="module")
-def admission_endpoint(deployment):
-    """A second ingress on the same pools: goodput policy, admission 'reject', under /adm on its own port."""
+def off_burst(deployment, workers) -> list[dict]:
+    """The burst on the session's ingress (least_loaded, admission off), with the SLO derived from it.
+
+    NOTE: the targets are measured on this machine (CPUs of one kind differ ~1.7x, CI boxes are noisy):
+    TPOT a multiple of a lone request's, TTFT what only the first ~40% of this very burst met with
+    everything admitted, so the burst is past capacity by construction and admission has work to do."""
     lone = [_one(deployment["endpoint"], deployment["model"], _prompt(random.Random(100 + i)), None)
             for i in range(4)][1:]  # NOTE: the first one warms up
     ttft = sorted(r["ttft"] for r in lone)[1]
     tpot = sorted(r["tpot"] for r in lone)[1]
-    TARGETS.update(ttft_ms=round(TTFT_X * ttft * 1000), tpot_ms=round(TPOT_X * tpot * 1000))
-    print(f"\nlone request on this machine: TTFT {ttft * 1000:.0f} ms, TPOT {tpot * 1000:.0f} ms -> targets {TARGETS}")
+    off = _burst(deployment["endpoint"], deployment["model"], 1)
+    assert all(r["status"] == 200 for r in off), [r for r in off if r["status"] != 200][:1]
+    burst_ttft = sorted(r["ttft"] for r in off)[int(OFF_MET * len(off))]
+    TARGETS.update(ttft_ms=round(max(TTFT_X * ttft, burst_ttft) * 1000), tpot_ms=round(TPOT_X * tpot * 1000))
+    print(f"\nlone request on this machine: TTFT {ttft * 1000:.0f} ms, TPOT {tpot * 1000:.0f} ms; burst TTFT p40 "
+          f"{burst_ttft * 1000:.0f} ms -> targets {TARGETS}")
+    _wait_idle(workers)
+    return off
+
+
+@pytest.fixture(scope="module")
+def admission_endpoint(deployment, off_burst):
+    """A second ingress on the same pools: goodput policy, admission 'reject', under /adm on its own port."""
     # NOTE: ewma_alpha 0.3 (default 0.1): the four warm-up requests below are all the traffic this
     # ingress has seen; the bundled CPU profile underestimates this busy box's prefill ~2x. A cautious
     # operator's admit_probability 0.8 (default 0.5) keeps coin-flip requests out on a noisy 2-core box.
@@ -92,16 +106,21 @@ def _one(endpoint: str, model: str, p: str, targets: dict[str, float] | None) ->
                 first = first or time.monotonic() - t0
     e2e = time.monotonic() - t0
     tpot = (e2e - first) / max(1, n - 1) if first else None
-    met = (targets is not None and first is not None and first <= targets["ttft_ms"] / 1000
-           and tpot <= targets["tpot_ms"] / 1000)
-    return {"status": 200, "ttft": first, "tpot": tpot, "e2e": e2e, "met": met}
+    return {"status": 200, "ttft": first, "tpot": tpot, "e2e": e2e}
+
+
+def _met(r: dict) -> bool:
+    """Whether a served request met both TARGETS (as the client measured it)."""
+    return (r["status"] == 200 and r["ttft"] is not None and r["ttft"] <= TARGETS["ttft_ms"] / 1000
+            and r["tpot"] <= TARGETS["tpot_ms"] / 1000)
 
 
 def _burst(endpoint: str, model: str, seed: int) -> list[dict]:
     rng = random.Random(seed)
     prompts = [_prompt(rng) for _ in range(BURST)]
+    targets = TARGETS or None  # NOTE: the burst that sets the targets runs without SLO headers
     with ThreadPoolExecutor(BURST) as pool:
-        return list(pool.map(lambda p: _one(endpoint, model, p, TARGETS), prompts))
+        return list(pool.map(lambda p: _one(endpoint, model, p, targets), prompts))
 
 
 def _metric(text: str, name: str, label: str) -> float:
@@ -143,8 +162,8 @@ def test_an_impossible_slo_header_is_a_429_before_any_stream(admission_endpoint,
 
 # NOTE: after the impossible-SLO checks: the burst teaches this ingress's router large TPOT corrections
 # (observed/predicted under a full decode batch), which then refuse a lone request at the deployment's SLO.
-def test_burst_with_admission_beats_admission_off(endpoint, admission_endpoint, model_name, workers):
-    off = _burst(endpoint, model_name, 1)
+def test_burst_with_admission_beats_admission_off(off_burst, admission_endpoint, model_name, workers):
+    off = off_burst
     _wait_idle(workers)
     # A few requests on idle workers first: the goodput policy corrects its latency model online (EWMA of
     # observed/predicted), as it would have done in any deployment that has served traffic.
@@ -157,7 +176,6 @@ def test_burst_with_admission_beats_admission_off(endpoint, admission_endpoint, 
     on = _burst(admission_endpoint, model_name, 2)
     after = httpx.get(f"{admission_endpoint}/metrics", timeout=10).text
 
-    assert all(r["status"] == 200 for r in off)
     rejected = [r for r in on if r["status"] == 429]
     admitted = [r for r in on if r["status"] == 200]
     assert {r["status"] for r in on} <= {200, 429}
@@ -165,11 +183,11 @@ def test_burst_with_admission_beats_admission_off(endpoint, admission_endpoint, 
     assert admitted, f"every request of the burst was refused: {rejected[0]['body']}"
     assert all(r["retry_after"] and '"error"' in r["body"] for r in rejected)
     assert max(r["e2e"] for r in rejected) < TARGETS["ttft_ms"] / 1000  # refused at once, not after a wait
-    att_off = sum(r["met"] for r in off) / len(off)
-    att_admitted = sum(r["met"] for r in admitted) / len(admitted)
+    att_off = sum(map(_met, off)) / len(off)
+    att_admitted = sum(map(_met, admitted)) / len(admitted)
     print(f"\nadmission off: attainment {att_off:.0%}, max e2e {max(r['e2e'] for r in off):.1f}s; "
           f"admission on: {len(admitted)} admitted, {len(rejected)} rejected, attainment of admitted "
-          f"{att_admitted:.0%}, overall {sum(r['met'] for r in admitted) / len(on):.0%}; admitted (ttft, tpot): "
+          f"{att_admitted:.0%}, overall {sum(map(_met, admitted)) / len(on):.0%}; admitted (ttft, tpot): "
           f"{[(round(r['ttft'] or -1, 2), round(r['tpot'] or -1, 3)) for r in admitted]}")
     assert att_admitted > att_off
     # The metrics scraped around the run count exactly what the clients saw.

@@ -136,3 +136,24 @@ def test_decode_corrections_learnt_under_load_fade_while_the_worker_is_idle() ->
     st.refresh_decode(busy, p.decode_latency, p.alpha, t0 - 60, 32)
     st.refresh_decode(busy._replace(timestamp_s=t0 + 80), p.decode_latency, p.alpha, t0 - 60, 32)
     assert st.tpot_ratio == 3.0  # NOTE: busy: what it learnt stays
+
+
+def test_a_ttft_correction_fades_while_the_prefill_queue_is_empty() -> None:
+    """A correction high enough to refuse everything would never be corrected by traffic (refusals teach
+    nothing): it fades toward the calibrated model while the worker has nothing to prefill."""
+    from cluster.router.goodput_state import PREFILL_IDLE_HALF_LIFE_S, WorkerState
+
+    p = policy("auto")
+    st = WorkerState()
+    st.ttft_ratio = 4.0
+    t0 = time.time()
+
+    def prefill(at: float, waiting: int = 0, queued: int = 0) -> WorkerStats:
+        return WorkerStats("p0", "prefill", "n1", waiting, 0, queued, 0, 0.0, 5760, (), True, at)
+
+    st.refresh_prefill(prefill(t0), p.latency.terms, t0 - 60)
+    st.refresh_prefill(prefill(t0 + PREFILL_IDLE_HALF_LIFE_S), p.latency.terms, t0 - 60)
+    assert st.ttft_ratio == pytest.approx(2.0)
+    st.refresh_prefill(prefill(t0 + 70, waiting=2, queued=500), p.latency.terms, t0 - 60)
+    st.refresh_prefill(prefill(t0 + 200, waiting=2, queued=500), p.latency.terms, t0 - 60)
+    assert st.ttft_ratio == pytest.approx(2.0)  # NOTE: a queue: what it learnt stays
