@@ -4,15 +4,18 @@ streams tokens. Enforces the transfer failure policy and reports per-request tra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from engine.host import EngineError, EngineHost, delta_params
-from kvtransfer.handoff import KVHandoff, TransferTelemetry
+from kvtransfer.handoff import DecodeQueued, KVHandoff, TransferTelemetry
 
 logger = logging.getLogger(__name__)
+POLL_S = 0.05  # how often a handoff's wait checks whether its KV pull started
+QUEUED_BEAT_S = 2.0  # how often a queued handoff tells the ingress it is still queued
 
 
 def lease_margin_s(lease_s: float) -> float:
@@ -20,6 +23,13 @@ def lease_margin_s(lease_s: float) -> float:
     engine's scheduler (whose heartbeat then renews the lease) before the prefill engine frees the blocks,
     and one engine step can delay that."""
     return max(2.0, 0.2 * lease_s)
+
+
+async def _cancelled(task: asyncio.Future) -> None:
+    """Cancel `task` and wait until it has stopped (its generator may then be closed)."""
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
 
 
 class DecodeWorker(EngineHost):
@@ -57,9 +67,15 @@ class DecodeWorker(EngineHost):
             extra = dict(params.extra_args or {}, kv_transfer_params=h.decode_params())
             gen = self._generate(request_id, prompt_token_ids, delta_params(params, prompt_logprobs=None,
                                                                              extra_args=extra))
+        first_task = asyncio.ensure_future(anext(gen))
+        started: float | None = None
         try:
-            first = await asyncio.wait_for(anext(gen), timeout=timeout)
+            async for waited in self._until_pulled(first_task, request_id, submitted, timeout):
+                yield DecodeQueued(request_id, round(waited, 3))
+            started = self.totals.load_started_at(request_id)
+            first = first_task.result()
         except TimeoutError:
+            await _cancelled(first_task)
             await gen.aclose()
             self.counters["timeouts"] += 1
             if policy == "fail":
@@ -68,11 +84,15 @@ class DecodeWorker(EngineHost):
                     f"KV transfer for {request_id} from {h.prefill_worker} timed out after {timeout:.0f}s"
                 ) from None
             logger.warning("KV transfer for %s timed out; recomputing the prompt on decode", request_id)
+            started = self.totals.load_started_at(request_id)
             outcome = "recomputed"
             gen = self._generate(f"{request_id}-rc", prompt_token_ids, delta_params(params, prompt_logprobs=None))
             first = await anext(gen)
         except StopAsyncIteration:
             raise EngineError(f"decode of {request_id} ended without output") from None
+        finally:
+            if not first_task.done():
+                first_task.cancel()
         loaded = first.num_cached_tokens or 0
         computed = max(0, len(prompt_token_ids) - loaded)
         if first.outputs[0].finish_reason == "error":
@@ -97,7 +117,8 @@ class DecodeWorker(EngineHost):
             # first token the prefill engine sampled, whose KV the decode engine computes itself
             loaded_tokens=loaded,
             decode_computed_prompt_tokens=computed,
-            transfer_wait_s=time.monotonic() - submitted,
+            transfer_wait_s=time.monotonic() - (started or submitted),
+            decode_queue_s=(started - submitted) if started else 0.0,
             handoff_latency_s=handoff_latency,
             backend=h.backend,
             memory=h.memory,
@@ -110,6 +131,32 @@ class DecodeWorker(EngineHost):
         yield first
         async for out in gen:
             yield out
+
+    async def _until_pulled(self, first: asyncio.Future, request_id: str, submitted: float, timeout: float
+                            ) -> AsyncIterator[float]:
+        """Wait for the decode engine's first output; every QUEUED_BEAT_S while the request is still queued
+        there (its KV pull not started), yield the time waited so far. TimeoutError once the pull has run
+        `timeout` seconds, or the engine made no step at all for `timeout` (hung).
+
+        NOTE: issue 14: the transfer timeout measures the transfer. Time queued on a busy decode engine is
+        not a failed transfer (recomputing it there would add work where capacity is short); it is bounded
+        by the request's own deadline at the ingress, which receives the beats."""
+        beat = submitted
+        while True:
+            done, _ = await asyncio.wait({first}, timeout=POLL_S)
+            if done:
+                return
+            now = time.monotonic()
+            started = self.totals.load_started_at(request_id)
+            if started is not None and started >= submitted:
+                if now - started > timeout:
+                    raise TimeoutError
+                continue
+            if now - max(self.totals.last_step_at, submitted) > timeout:
+                raise TimeoutError  # NOTE: no engine step since we submitted: the engine is stuck
+            if now - beat >= QUEUED_BEAT_S:
+                beat = now
+                yield now - submitted
 
     async def release(self, h: KVHandoff) -> None:
         """Free a handoff's KV blocks on its prefill engine when no decode will pull them (the client left,

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+from kvtransfer.connector import LOAD_STARTED
+
 # NOTE: step times older than this were measured on another batch (the router compares them with the
 # model at the batch running now), so stats() leaves them out.
 STEP_WINDOW_S = 3.0
+MAX_LOADS_KEPT = 4096  # load-start times kept (a decode worker reads its request's within seconds)
 
 
 class EngineTotals:
@@ -32,6 +35,18 @@ class EngineTotals:
         self.prompt_tokens_external = 0
         self.spec_drafted = 0  # speculative decoding: draft tokens proposed, and accepted
         self.spec_accepted = 0
+        self.loads_started: OrderedDict[str, float] = OrderedDict()  # request id -> monotonic time
+
+    def load_started_at(self, request_id: str) -> float | None:
+        """When the engine's scheduler started pulling `request_id`'s KV (kvtransfer/connector.py), if it has."""
+        return self.loads_started.get(request_id)
+
+    def _load_started(self, engine_request_id: str, at: float) -> None:
+        # NOTE: vLLM's engine id is ours plus "-" and 8 random characters (InputProcessor.assign_request_id)
+        rid = engine_request_id[:-9] if engine_request_id[-9:-8] == "-" else engine_request_id
+        self.loads_started[rid] = at
+        while len(self.loads_started) > MAX_LOADS_KEPT:
+            self.loads_started.popitem(last=False)
 
     def recent_steps(self, window_s: float = STEP_WINDOW_S) -> tuple[float, ...]:
         """Durations of the steps that ended within the last `window_s`: older ones ran another batch."""
@@ -80,6 +95,8 @@ def make_stat_logger_factory(totals: EngineTotals):
                         data.get("num_failed_handshakes", [])
                     )
                     t.kv_expired += len(data.get("num_kv_expired_reqs", []))
+                    for rid in data.get(LOAD_STARTED, ()):
+                        t._load_started(rid, now)
             if iteration_stats is not None:
                 pts = iteration_stats.prompt_token_stats
                 t.prompt_tokens_computed += pts.computed

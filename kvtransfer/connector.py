@@ -10,13 +10,21 @@ block more than the prefill sent, and the worker's pairing of local and remote b
 allocated more KV pages than the prefill worker supplied"), which kills the decode EngineCore. The prefill
 reports how many tokens it computed (`remote_num_tokens`); we never ask for more. The decode engine then
 computes the first token's KV itself, as it computes the last prompt token's when nothing is appended.
+
+It also reports, in the scheduler's KV-connector stats, which requests began pulling their KV this step
+(`LOAD_STARTED`): the decode worker's transfer timeout runs from that moment, not from when the request
+joined the decode engine's queue (engine/statlog.py reads it, decode/worker.py waits on it).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector as _VllmNixlConnector
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
+
+LOAD_STARTED = "saaf_load_started"  # engine request ids whose KV pull the scheduler started this step
 
 
 def capped_match(count: int | None, load_async: bool, params: dict[str, Any] | None,
@@ -33,7 +41,50 @@ def capped_match(count: int | None, load_async: bool, params: dict[str, Any] | N
     return capped, True
 
 
+class LoadStats(NixlKVConnectorStats):
+    """vLLM's NIXL stats plus LOAD_STARTED. Every key of vLLM's stays (its Prometheus logger reads them)."""
+
+    def reset(self) -> None:
+        super().reset()
+        self.data[LOAD_STARTED] = []
+
+    def is_empty(self) -> bool:
+        return super().is_empty() and not self.data.get(LOAD_STARTED)
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for k, v in other.data.items():  # NOTE: either side may lack LOAD_STARTED (vLLM's own stats class)
+            self.data.setdefault(k, []).extend(v)
+        return self
+
+
+def as_load_stats(stats: KVConnectorStats | None, started: list[str]) -> LoadStats | None:
+    """`stats` (vLLM's, or None) as LoadStats with `started` added; None when there is nothing to report."""
+    if stats is None and not started:
+        return None
+    out = LoadStats()
+    if stats is not None:
+        out.aggregate(stats)
+    out.data[LOAD_STARTED].extend(started)
+    return out
+
+
 class NixlConnector(_VllmNixlConnector):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._started: list[str] = []  # scheduler side: loads started since the last stats
+
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         count, load_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
         return capped_match(count, load_async, request.kv_transfer_params, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        params = request.kv_transfer_params or {}
+        if num_external_tokens > 0 and params.get("do_remote_prefill"):
+            self._started.append(request.request_id)
+        return super().update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        # NOTE: called on the scheduler side (no connector worker there: vLLM's part is None) and on the
+        # worker side; both return LoadStats so that aggregating the two never meets a missing key.
+        started, self._started = self._started, []
+        return as_load_stats(super().get_kv_connector_stats(), started)

@@ -60,6 +60,15 @@ class KVHandoff:
 
 
 @dataclass
+class DecodeQueued:
+    """Sent by the decode worker while a handoff waits in its engine's queue (before its KV pull starts), so
+    the ingress knows the request is alive there: queue time is not transfer time."""
+
+    request_id: str
+    waited_s: float
+
+
+@dataclass
 class TransferTelemetry:
     """What one request's KV transfer did, as seen by the decode worker."""
 
@@ -71,12 +80,13 @@ class TransferTelemetry:
     prompt_tokens: int
     loaded_tokens: int  # prompt tokens decode did not compute (transferred or locally cached)
     decode_computed_prompt_tokens: int  # >0 on a pull means decode recomputed (failure or fallback)
-    transfer_wait_s: float  # decode submit -> first decode output (pull + one step)
+    transfer_wait_s: float  # the decode engine starts the pull -> first decode output (pull + one step)
     handoff_latency_s: float  # prefill done -> decode submit
     backend: str
     memory: str
     outcome: str = "ok"  # ok | recomputed | failed
     extra: dict[str, Any] = field(default_factory=dict)
+    decode_queue_s: float = 0.0  # decode submit -> the decode engine starts the pull (its queue)
 
     @property
     def recomputed(self) -> bool:

@@ -129,6 +129,31 @@ def ask(endpoint: str, model: str, question: str, max_tokens: int = 48, timeout_
         return json.loads(r.read())["choices"][0]["message"]["content"]
 
 
+def _ingress_failure(app: str, pools: Any, e: BaseException) -> str:
+    """What to tell the user when the ingress failed to deploy: the pools' own error if they failed too (an
+    engine's failure is the root cause more often: the same model directory, the same node), else Serve's
+    error with the last line of the replica's message (the Python exception it died of)."""
+    import ray
+
+    try:
+        ray.get(pools, timeout=15)
+    except ray.exceptions.RayTaskError as pe:
+        return str(getattr(pe, "cause", None) or pe)
+    except Exception:  # noqa: BLE001 - still starting: Serve's error is the news
+        pass
+    why = ""
+    try:
+        from ray import serve
+
+        status = serve.status().applications.get(app)
+        msgs = [d.message for d in (status.deployments.values() if status else ()) if d.message]
+        lines = [ln.strip() for m in msgs for ln in m.splitlines() if ln.strip() and not ln.startswith(" ")]
+        why = f": {lines[-1][:400]}" if lines else ""
+    except Exception:  # noqa: BLE001 - Serve's status unavailable: its error alone
+        pass
+    return f"the ingress (Ray Serve app {app!r}) failed to start: {str(e).strip().splitlines()[-1][:300]}{why}"
+
+
 def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
     """Start pools and the Serve app on the connected Ray cluster. Returns a description.
 
@@ -170,8 +195,11 @@ def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
                 serve.start(proxy_location="Disabled")  # NOTE: the ingress replica is the HTTP server
             else:
                 serve.start(http_options={"host": cfg.serve.host, "port": proxy_port(cfg)})
-            serve.run(Ingress.bind(cfg.model_dump(), name), name=cfg.name, route_prefix=cfg.serve.route_prefix,
-                      blocking=False)
+            try:
+                serve.run(Ingress.bind(cfg.model_dump(), name), name=cfg.name,
+                          route_prefix=cfg.serve.route_prefix, blocking=False)
+            except Exception as e:  # noqa: BLE001 - reported with its root cause below
+                raise RuntimeError(_ingress_failure(cfg.name, started, e)) from None
             timings["serve_s"] = time.monotonic() - t0
             if fabric is not None:
                 fabric.result(timeout=cfg.engine.startup_timeout_s)

@@ -167,6 +167,17 @@ def group_state(pg: Any) -> str:
         return "UNKNOWN"
 
 
+def group_node(pg: Any) -> str | None:
+    """The Ray node id the group's first bundle is on, if it is placed."""
+    from ray.util.placement_group import placement_group_table
+
+    try:
+        nodes = placement_group_table(pg).get("bundles_to_node_id") or {}
+    except Exception:  # noqa: BLE001 - removed or unknown group
+        return None
+    return nodes.get(0) or next(iter(nodes.values()), None)
+
+
 def remove_group(pg: Any) -> None:
     from ray.util.placement_group import remove_placement_group
 

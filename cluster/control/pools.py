@@ -122,34 +122,49 @@ class PoolController:
         return wid
 
     async def _await_ready(self, ids: list[str]) -> None:
+        """Wait for every worker in `ids`; the first that fails ends the wait at once (the others may still
+        be loading their engines) with an error naming it, its node and the root cause."""
         timeout = self.cfg.engine.startup_timeout_s
-        refs = {wid: self.workers[wid]["handle"].info.remote() for wid in ids}
         deadline = time.monotonic() + timeout
-        for wid, ref in refs.items():
-            left = max(1.0, deadline - time.monotonic())
-            try:
-                self.workers[wid]["info"] = await asyncio.wait_for(ref, timeout=left)
-                self.workers[wid]["state"] = "ready"
-            except Exception as e:  # noqa: BLE001 - reported with the worker's name
-                from cluster.control.placer import group_state
-
-                w = self.workers.get(wid)
-                if w is None:  # NOTE: removed while it started (the deployment is being stopped)
-                    raise RuntimeError(f"worker {wid} was stopped before it was ready") from None
-                w["state"] = "failed"
-                pg_state = group_state(w["pg"])
-                if pg_state != "CREATED":
-                    where = f" on node {w['node'][:12]}" if w["node"] else ""
-                    raise RuntimeError(
-                        f"worker {wid} did not start within {timeout:.0f}s: its placement group "
-                        f"{w['bundles']}{where} is {pg_state} (the cluster has no room for it); free or add "
-                        "resources, or lower the pool sizes") from e
-                if isinstance(e, ray.exceptions.RayActorError):  # NOTE: its __init__ raised: the engine failed
-                    raise RuntimeError(
-                        f"worker {wid} failed to start: {_root_cause(e)}; the worker's log (Ray's "
-                        "session logs, worker-*.err) has vLLM's own message") from None
-                raise RuntimeError(f"worker {wid} did not start within {timeout:.0f}s: {e}") from e
+        tasks = [asyncio.ensure_future(self._ready(wid, deadline, timeout)) for wid in ids]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for t in tasks:
+                t.cancel()
+        for t in tasks:  # NOTE: in start order, so the error named is the first failed worker's
+            if t in done and t.exception() is not None:
+                raise t.exception()
         self.version += 1
+
+    async def _ready(self, wid: str, deadline: float, timeout: float) -> None:
+        try:
+            self.workers[wid]["info"] = await asyncio.wait_for(self.workers[wid]["handle"].info.remote(),
+                                                               timeout=max(1.0, deadline - time.monotonic()))
+            self.workers[wid]["state"] = "ready"
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - reported with the worker's name
+            from cluster.control.placer import group_node, group_state
+
+            w = self.workers.get(wid)
+            if w is None:  # NOTE: removed while it started (the deployment is being stopped)
+                raise RuntimeError(f"worker {wid} was stopped before it was ready") from None
+            w["state"] = "failed"
+            pg_state = group_state(w["pg"])
+            if pg_state != "CREATED":
+                where = f" on node {w['node'][:12]}" if w["node"] else ""
+                raise RuntimeError(
+                    f"worker {wid} did not start within {timeout:.0f}s: its placement group "
+                    f"{w['bundles']}{where} is {pg_state} (the cluster has no room for it); free or add "
+                    "resources, or lower the pool sizes") from e
+            node = w["node"] or group_node(w["pg"])
+            where = f" on node {node[:12]}" if node else ""
+            if isinstance(e, ray.exceptions.RayActorError):  # NOTE: its __init__ raised: the engine failed
+                raise RuntimeError(
+                    f"worker {wid}{where} failed to start: {_root_cause(e)}; the worker's log (Ray's "
+                    "session logs, worker-*.err) has vLLM's own message") from None
+            raise RuntimeError(f"worker {wid}{where} did not start within {timeout:.0f}s: {e}") from e
 
     async def start(self, sizes: dict[str, int]) -> list[dict[str, Any]]:
         from cluster.control.placer import label_of

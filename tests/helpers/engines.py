@@ -17,8 +17,10 @@ def params(max_tokens: int, **kw: Any) -> Any:
 
 
 def drain(gen: Any, timeout: float = 120) -> list[Any]:
-    """Every item of a streaming actor call."""
-    return [ray.get(ref, timeout=timeout) for ref in gen]
+    """Every item of a streaming actor call but a decode worker's DecodeQueued beats (first: telemetry)."""
+    from kvtransfer.handoff import DecodeQueued
+
+    return [x for x in (ray.get(ref, timeout=timeout) for ref in gen) if not isinstance(x, DecodeQueued)]
 
 
 def token_ids(items: list[Any]) -> list[int]:

@@ -44,7 +44,8 @@ def vllm_server(model_dir: str | Path, name: str, log_path: Path, *, max_model_l
     port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-           "--enforce-eager", "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes",
+           "--enforce-eager", "--distributed-executor-backend", "uni", "--max-model-len", str(max_model_len),
+           "--kv-cache-memory-bytes",
            str(kv_cache_mib << 20), *(extra or [])]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, env=os.environ | CPU_ENV, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)

@@ -28,8 +28,14 @@ def ray_session():
 
 
 @pytest.fixture(scope="session")
-def deployment(ray_session):
-    """A real disaggregated deployment: 1 prefill + 1 decode SmolLM2 engine behind the Serve endpoint."""
+def deployment_started(ray_session):
+    """The session's deployment, starting in a background thread: a real disaggregated deployment of 1 prefill
+    + 1 decode SmolLM2 engine behind the Serve endpoint. A future of deploy.start's result.
+
+    NOTE: the parity module asks for it before it starts vLLM's own server, so that the two start-ups
+    (mostly single-threaded imports) overlap on the box's two cores instead of running one after the other."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from cluster.config import parse_config
     from cluster.control import deploy
 
@@ -48,9 +54,18 @@ def deployment(ray_session):
         "health": {"interval_s": 1, "timeout_s": 5, "failures": 2},
         "worker_cpus": 1,
     })
-    info = deploy.start(cfg, ready_timeout_s=600)
-    yield info
-    deploy.stop(info["config"])
+    pool = ThreadPoolExecutor(1, thread_name_prefix="itest-deploy")
+    future = pool.submit(deploy.start, cfg, ready_timeout_s=600)
+    yield future
+    pool.shutdown(wait=True)  # NOTE: bounded by deploy.start's own ready timeout
+    if future.exception() is None:
+        deploy.stop(future.result()["config"])
+
+
+@pytest.fixture(scope="session")
+def deployment(deployment_started):
+    """The session's deployment once it is up (see deployment_started)."""
+    return deployment_started.result(timeout=900)
 
 
 # NOTE: for development only: SAAF_TEST_ENDPOINT=http://127.0.0.1:PORT runs the HTTP-only tests against a

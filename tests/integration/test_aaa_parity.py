@@ -128,9 +128,12 @@ def _diff(a: Any, b: Any, where: str, out: list[str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict[str, Any]:
-    """vLLM serve's answers to the table and its lm-eval scores, recorded before our deployment starts."""
+def reference(tmp_path_factory, request) -> dict[str, Any]:
+    """vLLM serve's answers to the table and its lm-eval scores (our deployment starts meanwhile: answers
+    and scores do not depend on the load, and the two start-ups overlap)."""
     from engine.models import resolve_model, served_name
+    if not os.environ.get("SAAF_TEST_ENDPOINT"):  # NOTE: conftest's DEV_ENDPOINT: no deployment of ours
+        request.getfixturevalue("deployment_started")
     from tests.helpers.lmeval import run_lmeval
     from tests.helpers.vllm_server import ServerFailed, vllm_server
 

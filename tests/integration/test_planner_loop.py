@@ -77,7 +77,7 @@ def test_the_loop_grows_under_load_and_shrinks_after_without_a_failed_request(pl
             except httpx.HTTPError:
                 results.append(-1)
 
-    threads = [threading.Thread(target=load, args=(k,)) for k in range(3)]
+    threads = [threading.Thread(target=load, args=(k,)) for k in range(2)]
     for t in threads:
         t.start()
     try:

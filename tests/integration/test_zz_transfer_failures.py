@@ -3,6 +3,7 @@ stays pinned, and the pool recovers. Runs last (zz): it kills the deployment's p
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import time
@@ -38,35 +39,123 @@ def _wait(pred, timeout_s: float, what: str):
     raise AssertionError(f"{what} not reached within {timeout_s}s")
 
 
-def test_fail_policy_errors_within_bound_and_prefill_frees_blocks(ray_session, deployment, workers):
+FAIL_TIMEOUT_S = 3
+
+
+@pytest.fixture(scope="module")
+def failtest_decode(ray_session, deployment):
+    """A second decode worker: failure policy `fail`, a 3 s transfer timeout, one running request at most
+    (so a second one queues on its engine)."""
     from decode.worker import DecodeWorker
 
     cfg = deployment["config"]
-    transfer = cfg.transfer.model_copy(update={"failure_policy": "fail", "transfer_timeout_s": 5})
-    d2 = ray.remote(DecodeWorker).options(num_cpus=1).remote("decode-failtest", cfg.engine.model_dump(),
+    transfer = cfg.transfer.model_copy(update={"failure_policy": "fail", "transfer_timeout_s": FAIL_TIMEOUT_S})
+    engine = cfg.engine.model_copy(update={"max_num_seqs": 1})
+    d2 = ray.remote(DecodeWorker).options(num_cpus=1).remote("decode-failtest", engine.model_dump(),
                                                                transfer.model_dump())
     try:
         ray.get(d2.info.remote(), timeout=300)
-        _, p = _role(workers, "prefill")
-        prompt = _prompt(5, 300)
-        sp = params(8)
-        pre = ray.get(p.prefill.remote("fail-1", prompt, sp), timeout=60)
-        assert ray.get(p.stats.remote(), timeout=10).kv_usage > 0  # blocks pinned for the handoff
-        kvp = dict(pre.handoff.kv_transfer_params)
-        kvp.update(remote_port=1, remote_engine_id="no-such-engine")  # an unreachable prefill engine
-        h = dataclasses.replace(pre.handoff, kv_transfer_params=kvp)
-        t0 = time.monotonic()
-        with pytest.raises(ray.exceptions.RayTaskError, match="KV transfer"):
-            _drain(d2.decode_stream.options(num_returns="streaming").remote("fail-1", prompt, sp, h))
-        print(f"\nFAULT transfer from unreachable prefill (policy fail): error after {time.monotonic() - t0:.1f}s")
-        assert time.monotonic() - t0 < 5 + 15
-        # The decode never pulled, so the prefill engine must release the blocks when the lease ends.
-        lease = cfg.transfer.kv_lease_s
-        _wait(lambda: ray.get(p.stats.remote(), timeout=10).kv_usage == 0, lease + 20, "prefill KV freed")
-        assert ray.get(d2.stats.remote(), timeout=10).kv_usage == 0
-        assert ray.get(d2.transfer_counters.remote(), timeout=10)["failures"] >= 1
+        yield d2
     finally:
         ray.kill(d2, no_restart=True)
+
+
+def test_time_queued_on_the_decode_engine_is_not_transfer_time(failtest_decode, workers, colocated_worker):
+    """Issue 14: the transfer timeout runs from when the decode engine starts the pull (our connector
+    reports it), not from when the handoff joined its queue. A handoff queued behind a long stream for longer
+    than the timeout is pulled, not failed (policy fail here) or recomputed; the ingress hears it is queued."""
+    from kvtransfer.handoff import DecodeQueued, TransferTelemetry
+
+    d2 = failtest_decode
+    _, p = _role(workers, "prefill")
+    # NOTE: 200 tokens take several seconds on any CPU of ours (~35-80 ms each), well past the 3 s timeout
+    long = d2.generate_stream.options(num_returns="streaming").remote("queue-long", _prompt(40, 50),
+                                                                     params(200, ignore_eos=True))
+    _wait(lambda: ray.get(d2.stats.remote(), timeout=10).running == 1, 60, "the long stream running")
+    prompt, sp = _prompt(41, 300), params(8, ignore_eos=True)
+    pre = ray.get(p.prefill.remote("queued-1", prompt, sp), timeout=60)
+    items = [ray.get(ref, timeout=120) for ref in
+             d2.decode_stream.options(num_returns="streaming").remote("queued-1", prompt, sp, pre.handoff)]
+    assert len(token_ids(_drain(long))) == 200  # NOTE: it ran to its end while the handoff queued
+    tel = next(i for i in items if isinstance(i, TransferTelemetry))
+    beats = [i for i in items if isinstance(i, DecodeQueued)]
+    print(f"\nFAULT handoff queued {tel.decode_queue_s:.1f}s on a busy decode engine (timeout "
+          f"{FAIL_TIMEOUT_S}s): {tel.outcome}, pull {tel.transfer_wait_s:.2f}s, {len(beats)} queued beats")
+    assert tel.outcome == "ok" and tel.loaded_tokens >= len(prompt) - 1, tel
+    assert tel.decode_queue_s > FAIL_TIMEOUT_S and tel.transfer_wait_s < FAIL_TIMEOUT_S
+    assert beats and items.index(tel) > items.index(beats[-1])
+    assert token_ids(items) == token_ids(generate(colocated_worker, "queued-ref", prompt, sp))
+    counters = ray.get(d2.transfer_counters.remote(), timeout=10)
+    assert counters["timeouts"] == 0 and counters["failures"] == 0
+
+
+def test_prefill_engine_paused_during_the_pull_is_a_bounded_outcome(deployment, failtest_decode, workers,
+                                                                     colocated_worker):
+    """Issue 14: the prefill's NIXL peer is paused (SIGSTOP to its engine: alive, silent; there is no
+    iptables here) while the decode pulls. The outcome is bounded and never wrong: the answer equals
+    colocated, or (policy fail, this decode worker) a clear error within the transfer timeout; then every
+    block is freed on both sides."""
+    import os
+    import signal
+
+    from engine.procs import descendants
+
+    d2 = failtest_decode
+    _, p = _role(workers, "prefill")
+    # NOTE: on CPU the EngineCore (NIXL agent and KV) is a thread of the worker actor (engine/inproc.py);
+    # elsewhere a child process: pause both
+    pid = ray.get(p.info.remote(), timeout=30)["pid"]
+    cores = [pid, *descendants(pid)]
+    prompt, sp = _prompt(42, 300), params(8, ignore_eos=True)
+    want = token_ids(generate(colocated_worker, "paused-ref", prompt, sp))
+    pre = ray.get(p.prefill.remote("paused-1", prompt, sp), timeout=60)
+    for pid in cores:
+        os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        try:
+            out = _drain(d2.decode_stream.options(num_returns="streaming").remote("paused-1", prompt, sp,
+                                                                                 pre.handoff), timeout=60)
+            outcome, got = out[0].outcome, token_ids(out)
+        except ray.exceptions.RayTaskError as e:
+            outcome, got = "failed", None
+            assert "KV transfer" in str(e) and "timed out" in str(e), str(e)[-500:]
+        elapsed = time.monotonic() - t0
+    finally:
+        for pid in cores:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    print(f"\nFAULT prefill EngineCore paused (SIGSTOP) during the pull, policy fail, timeout {FAIL_TIMEOUT_S}s: "
+          f"{outcome} after {elapsed:.1f}s")
+    assert elapsed < FAIL_TIMEOUT_S + 15
+    if got is not None:
+        assert got == want
+    lease = deployment["config"].transfer.kv_lease_s
+    _wait(lambda: ray.get(p.stats.remote(), timeout=10).kv_usage == 0, lease + 30, "prefill KV freed")
+    _wait(lambda: ray.get(d2.stats.remote(), timeout=10).kv_usage == 0, 30, "decode KV freed")
+
+
+def test_fail_policy_errors_within_bound_and_prefill_frees_blocks(deployment, workers, failtest_decode):
+    cfg = deployment["config"]
+    d2 = failtest_decode
+    _, p = _role(workers, "prefill")
+    prompt = _prompt(5, 300)
+    sp = params(8)
+    pre = ray.get(p.prefill.remote("fail-1", prompt, sp), timeout=60)
+    assert ray.get(p.stats.remote(), timeout=10).kv_usage > 0  # blocks pinned for the handoff
+    kvp = dict(pre.handoff.kv_transfer_params)
+    kvp.update(remote_port=1, remote_engine_id="no-such-engine")  # an unreachable prefill engine
+    h = dataclasses.replace(pre.handoff, kv_transfer_params=kvp)
+    t0 = time.monotonic()
+    with pytest.raises(ray.exceptions.RayTaskError, match="KV transfer"):
+        _drain(d2.decode_stream.options(num_returns="streaming").remote("fail-1", prompt, sp, h))
+    print(f"\nFAULT transfer from unreachable prefill (policy fail): error after {time.monotonic() - t0:.1f}s")
+    assert time.monotonic() - t0 < FAIL_TIMEOUT_S + 15
+    # The decode never pulled, so the prefill engine must release the blocks when the lease ends.
+    lease = cfg.transfer.kv_lease_s
+    _wait(lambda: ray.get(p.stats.remote(), timeout=10).kv_usage == 0, lease + 20, "prefill KV freed")
+    assert ray.get(d2.stats.remote(), timeout=10).kv_usage == 0
+    assert ray.get(d2.transfer_counters.remote(), timeout=10)["failures"] >= 1
 
 
 def test_a_handoff_past_its_lease_never_streams_wrong_output(deployment, workers, colocated_worker):
