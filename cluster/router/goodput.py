@@ -288,7 +288,8 @@ class GoodputPolicy(Policy):
                     f"no worker meets the targets with a local prefill: P(slo)={l_own:.3f} (net of others "
                     f"{l_value:.3f}), TTFT {l_ttft:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {tpot:.3f} s")
                 return RouteDecision(l_admit, None, d.worker_id, reason, l_ttft, tpot if out > 1 else None, l_own,
-                                     local=True, placement=f"local:{why}")
+                                     local=True, placement=f"local:{why}",
+                                     step_ratio=self.states[d.worker_id].step_ratio)
         admit = p_own >= self.admit_probability and value > 0
         p_id = None if colocated else prefill[pi].worker_id
         if admit or self.record_refused:
@@ -301,7 +302,7 @@ class GoodputPolicy(Policy):
             f"no pair meets the targets: best P(slo)={p_own:.3f} (net of others {value:.3f}), TTFT "
             f"{ttft_s:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {tpot:.3f} s vs {req.tpot_slo_s:.3f} s")
         return RouteDecision(admit, p_id, d.worker_id, reason, ttft_s, tpot if out > 1 else None, p_own,
-                             placement=placement)
+                             placement=placement, step_ratio=self.states[d.worker_id].step_ratio)
 
     def _local(self, req: RouteRequest, d: WorkerStats, step: float, tpot: float, remote_value: float
                ) -> tuple[float, float, float, str] | None:
@@ -376,6 +377,11 @@ class GoodputPolicy(Policy):
         pred = decision.predicted_tpot_s
         if decision.decode and pred and math.isfinite(pred) and tpot_s:
             st = self._state(decision.decode)
+            if decision.step_ratio:
+                # NOTE: the step-time correction learnt from this very request's steps since it was routed is
+                # not the TPOT correction's to learn again (their product would count the slowdown twice):
+                # compare with the prediction the current step correction makes.
+                pred *= st.step_ratio / decision.step_ratio
             st.tpot_ratio = _ewma(st.tpot_ratio, tpot_s / pred, self.alpha)
             st.dr = st.tpot_ratio * st.step_ratio
 

@@ -32,6 +32,7 @@ class RouteDecision(NamedTuple):
     p_slo: float | None = None  # predicted probability of meeting both targets (goodput policy)
     local: bool = False  # prefill on the decode worker itself (no KV transfer); `prefill` is then None
     placement: str = ""  # "remote:<why>" / "local:<why>" (router.disaggregation), counted in /metrics
+    step_ratio: float | None = None  # goodput: the decode worker's step-time correction the TPOT used
 
 
 class Policy(ABC):

@@ -37,8 +37,8 @@ def off_burst(deployment, workers) -> list[dict]:
 def admission_endpoint(deployment, off_burst):
     """A second ingress on the same pools: goodput policy, admission 'reject', under /adm on its own port."""
     # NOTE: ewma_alpha 0.3 (default 0.1): the four warm-up requests below are all the traffic this
-    # ingress has seen. A cautious operator's admit_probability 0.8 (default 0.5) keeps coin-flip requests
-    # out on a noisy 2-core box. Every prompt on the prefill worker (disaggregation always): this burst is
+    # ingress has seen. A cautious operator's admit_probability 0.95 (default 0.5; see
+    # benchmarks/admission.py) keeps the burst's shared prefill step inside the target. Every prompt on the prefill worker (disaggregation always): this burst is
     # about admission on one prefill engine; local prefill (auto, the default) is tested below on its own
     # ingress. The burst's targets are this ingress's own SLO: a header may only tighten them.
     with adm.ingress(deployment, "itest-adm", "/adm", adm.ADMISSION_ROUTER,

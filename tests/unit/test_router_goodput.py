@@ -189,3 +189,18 @@ def test_other_latency_models_work() -> None:
     gpu = LatencyModel.from_catalog(get_model("llama-3.1-8b"), get_hardware("h100-sxm"))
     d = GoodputPolicy(gpu, clock=Clock())(req(2000, 200, ttft=0.5, tpot=0.05), [pw(0)], [dw(0)])
     assert d.admit and d.predicted_ttft_s < 0.5 and d.predicted_tpot_s < 0.05
+
+
+def test_a_slowdown_learnt_from_step_times_is_not_learnt_again_from_the_same_requests_tpot() -> None:
+    """The decode worker is 3x slower than the model. Its step times during a request teach the step
+    correction 3x; that request's observed TPOT (3x the prediction made before) must not teach the TPOT
+    correction another 3x: a lone request would then be predicted 9x slow and refused (seen live)."""
+    model = LAT.decode_step_time_s(1, 300)
+    p = policy(ewma_alpha=1.0)
+    d = p(req(), [pw(0)], [dw(0, running=0, ctx=0)])
+    assert d.admit and d.step_ratio == pytest.approx(1.0)
+    p(req(), [pw(0)], [dw(0, running=1, ctx=300, steps=(3 * model,) * 8)])  # stats while it runs
+    assert p.states["d0"].step_ratio == pytest.approx(3.0)
+    p.observe(d, req(), ttft_s=d.predicted_ttft_s, tpot_s=3 * d.predicted_tpot_s)
+    st = p.states["d0"]
+    assert st.tpot_ratio == pytest.approx(1.0) and st.tpot_ratio * st.step_ratio == pytest.approx(3.0)
