@@ -68,11 +68,9 @@ class DecodeWorker(EngineHost):
             gen = self._generate(request_id, prompt_token_ids, delta_params(params, prompt_logprobs=None,
                                                                              extra_args=extra))
         first_task = asyncio.ensure_future(anext(gen))
-        started: float | None = None
         try:
             async for waited in self._until_pulled(first_task, request_id, submitted, timeout):
                 yield DecodeQueued(request_id, round(waited, 3))
-            started = self.totals.load_started_at(request_id)
             first = first_task.result()
         except TimeoutError:
             await _cancelled(first_task)
@@ -84,7 +82,6 @@ class DecodeWorker(EngineHost):
                     f"KV transfer for {request_id} from {h.prefill_worker} timed out after {timeout:.0f}s"
                 ) from None
             logger.warning("KV transfer for %s timed out; recomputing the prompt on decode", request_id)
-            started = self.totals.load_started_at(request_id)
             outcome = "recomputed"
             gen = self._generate(f"{request_id}-rc", prompt_token_ids, delta_params(params, prompt_logprobs=None))
             first = await anext(gen)
@@ -93,6 +90,7 @@ class DecodeWorker(EngineHost):
         finally:
             if not first_task.done():
                 first_task.cancel()
+        started = self.totals.load_started_at(request_id, since=submitted)
         loaded = first.num_cached_tokens or 0
         computed = max(0, len(prompt_token_ids) - loaded)
         if first.outputs[0].finish_reason == "error":
@@ -147,8 +145,8 @@ class DecodeWorker(EngineHost):
             if done:
                 return
             now = time.monotonic()
-            started = self.totals.load_started_at(request_id)
-            if started is not None and started >= submitted:
+            started = self.totals.load_started_at(request_id, since=submitted)
+            if started is not None:
                 if now - started > timeout:
                     raise TimeoutError
                 continue

@@ -37,9 +37,11 @@ class EngineTotals:
         self.spec_accepted = 0
         self.loads_started: OrderedDict[str, float] = OrderedDict()  # request id -> monotonic time
 
-    def load_started_at(self, request_id: str) -> float | None:
-        """When the engine's scheduler started pulling `request_id`'s KV (kvtransfer/connector.py), if it has."""
-        return self.loads_started.get(request_id)
+    def load_started_at(self, request_id: str, since: float = 0.0) -> float | None:
+        """When the engine's scheduler started pulling `request_id`'s KV (kvtransfer/connector.py), if it has
+        since `since` (monotonic; an older entry is an earlier request of the same id)."""
+        at = self.loads_started.get(request_id)
+        return at if at is not None and at >= since else None
 
     def _load_started(self, engine_request_id: str, at: float) -> None:
         # NOTE: vLLM's engine id is ours plus "-" and 8 random characters (InputProcessor.assign_request_id)

@@ -142,8 +142,6 @@ class PoolController:
             self.workers[wid]["info"] = await asyncio.wait_for(self.workers[wid]["handle"].info.remote(),
                                                                timeout=max(1.0, deadline - time.monotonic()))
             self.workers[wid]["state"] = "ready"
-        except asyncio.CancelledError:
-            raise
         except Exception as e:  # noqa: BLE001 - reported with the worker's name
             from cluster.control.placer import group_node, group_state
 

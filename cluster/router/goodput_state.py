@@ -21,6 +21,16 @@ IDLE_HALF_LIFE_S = 10.0
 PREFILL_IDLE_HALF_LIFE_S = 60.0
 
 
+def _idle_fade(since: float, ts: float, busy: bool, half_life_s: float) -> tuple[float, float]:
+    """(stats time since which the worker has been idle, 0 if busy; the power to raise its corrections to,
+    which fades them toward 1 with `half_life_s` over the idle time since `since`)."""
+    if busy:
+        return 0.0, 1.0
+    if since and ts > since:
+        return ts, 0.5 ** ((ts - since) / half_life_s)
+    return ts, 1.0
+
+
 def _ewma(ratio: float, observed_over_predicted: float, alpha: float) -> float:
     """Move `ratio` toward ratio x observed/predicted in log space (one sample moves it at most 3^alpha)."""
     return min(10.0, max(0.1, ratio * min(3.0, max(1 / 3, observed_over_predicted)) ** alpha))
@@ -64,13 +74,9 @@ class WorkerState:
         while led and (self.led_tokens - led[0][1] >= pending or led[0][0] < cut):
             self.led_tokens -= led.popleft()[1]
         run = s.running if s.role == "prefill" else 0  # NOTE: a colocated worker's batch is decoding
-        if pending or run or s.waiting or un_n:
-            self.pidle_ts = 0.0
-        elif self.pidle_ts and ts > self.pidle_ts:
-            self.ttft_ratio **= 0.5 ** ((ts - self.pidle_ts) / PREFILL_IDLE_HALF_LIFE_S)
-            self.pidle_ts = ts
-        else:
-            self.pidle_ts = ts
+        self.pidle_ts, f = _idle_fade(self.pidle_ts, ts, bool(pending or run or s.waiting or un_n),
+                                      PREFILL_IDLE_HALF_LIFE_S)
+        self.ttft_ratio **= f
         self.dls = sorted(e[2] for e in itertools.islice(led, run, None))
         self.set_queue(t, pending, s.waiting + run + un_n, run)
 
@@ -91,16 +97,12 @@ class WorkerState:
     def refresh_decode(self, s: WorkerStats, lat: LatencyModel, alpha: float, cut: float,
                        avg_out: float) -> None:
         self.dstats = s
-        if s.running or s.waiting or self.inc:
-            self.idle_ts = 0.0
-        elif self.idle_ts and s.timestamp_s > self.idle_ts:
-            # NOTE: corrections learnt under a full batch mispredict a lone stream: while idle they fade
-            # toward 1 (the calibrated model) with a half-life of IDLE_HALF_LIFE_S.
-            f = 0.5 ** ((s.timestamp_s - self.idle_ts) / IDLE_HALF_LIFE_S)
+        # NOTE: corrections learnt under a full batch mispredict a lone stream: while idle they fade toward 1
+        # (the calibrated model) with a half-life of IDLE_HALF_LIFE_S.
+        self.idle_ts, f = _idle_fade(self.idle_ts, s.timestamp_s, bool(s.running or s.waiting or self.inc),
+                                     IDLE_HALF_LIFE_S)
+        if f != 1.0:
             self.tpot_ratio, self.step_ratio = self.tpot_ratio ** f, self.step_ratio ** f
-            self.idle_ts = s.timestamp_s
-        else:
-            self.idle_ts = s.timestamp_s
         steps = s.recent_step_times_s
         if s.role == "decode" and s.running and len(steps) >= 4 and s.timestamp_s != self.step_ts:
             self.step_ts = s.timestamp_s

@@ -205,8 +205,6 @@ class Leg:
         gen = handle.decode_stream.options(num_returns="streaming").remote(rid, dec_ids, dec_params, pre.handoff)
         async for item in self._stream(gen, dec.decode, self.svc.cfg.transfer.transfer_timeout_s + sc.token_timeout_s,
                                        first_timeout=True):
-            if isinstance(item, DecodeQueued):  # NOTE: still queued on the decode engine, alive
-                continue
             if isinstance(item, TransferTelemetry):
                 self._unpulled = None
                 self.svc.transfers.record(item)
@@ -264,7 +262,9 @@ class Leg:
                 except RayTaskError as e:
                     raise ServeError(502, f"{worker} failed: {getattr(e, 'cause', e)}", type_="engine_error",
                                      code="kv_transfer_error" if first_timeout else "engine_error") from None
-                if first_timeout and not isinstance(item, DecodeQueued):
+                if isinstance(item, DecodeQueued):  # NOTE: still queued on the decode engine, alive: the
+                    continue  # wait for its first token starts again, with the same timeout
+                if first_timeout:
                     timeout = token_timeout
                 yield item
         finally:

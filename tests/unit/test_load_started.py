@@ -40,18 +40,10 @@ def test_the_stat_logger_records_when_each_pull_started() -> None:
     at = totals.load_started_at("cmpl-7-0")  # NOTE: vLLM's engine id is ours + "-" + 8 random characters
     assert at is not None and at >= before
     assert totals.load_started_at("x") is not None and totals.load_started_at("cmpl-7") is None
+    assert totals.load_started_at("cmpl-7-0", since=at + 1) is None  # an earlier request of the same id
 
 
-class _Totals:
-    def __init__(self) -> None:
-        self.started: dict[str, float] = {}
-        self.last_step_at = 0.0
-
-    def load_started_at(self, rid: str) -> float | None:
-        return self.started.get(rid)
-
-
-def _worker(totals: _Totals) -> dw.DecodeWorker:
+def _worker(totals: EngineTotals) -> dw.DecodeWorker:
     w = dw.DecodeWorker.__new__(dw.DecodeWorker)  # NOTE: the wait's logic only, no engine
     w.totals = totals
     return w
@@ -64,7 +56,7 @@ def fast(monkeypatch):
 
 
 def test_a_queued_handoff_beats_and_never_times_out_while_the_engine_steps() -> None:
-    totals = _Totals()
+    totals = EngineTotals()
 
     async def scenario():
         loop = asyncio.get_running_loop()
@@ -75,7 +67,7 @@ def test_a_queued_handoff_beats_and_never_times_out_while_the_engine_steps() -> 
             while time.monotonic() < t_end:
                 totals.last_step_at = time.monotonic()
                 await asyncio.sleep(0.02)
-            totals.started["r1"] = time.monotonic()
+            totals.loads_started["r1"] = time.monotonic()
             await asyncio.sleep(0.1)
             first.set_result("token")
         task = asyncio.ensure_future(engine())
@@ -86,12 +78,12 @@ def test_a_queued_handoff_beats_and_never_times_out_while_the_engine_steps() -> 
     assert len(beats) >= 4 and beats == sorted(beats)
 
 
-def _seconds_to_timeout(totals: _Totals, rid: str, started_in: float | None, steps: bool) -> float:
+def _seconds_to_timeout(totals: EngineTotals, rid: str, started_in: float | None, steps: bool) -> float:
     """How long the wait for `rid` (timeout 0.2 s) takes to raise TimeoutError."""
     async def scenario():
         first = asyncio.get_running_loop().create_future()
         if started_in is not None:
-            totals.started[rid] = time.monotonic() + started_in
+            totals.loads_started[rid] = time.monotonic() + started_in
         if steps:
             totals.last_step_at = time.monotonic() + 10  # NOTE: the engine keeps stepping
         t0 = time.monotonic()
@@ -103,9 +95,9 @@ def _seconds_to_timeout(totals: _Totals, rid: str, started_in: float | None, ste
 
 
 def test_a_pull_that_runs_past_the_timeout_times_out() -> None:
-    assert 0.2 < _seconds_to_timeout(_Totals(), "r2", 0.05, steps=True) < 1.0
+    assert 0.2 < _seconds_to_timeout(EngineTotals(), "r2", 0.05, steps=True) < 1.0
 
 
 def test_an_engine_that_makes_no_step_times_out() -> None:
     # NOTE: last step long ago, and no pull started: hung (e.g. SIGSTOP)
-    assert 0.2 < _seconds_to_timeout(_Totals(), "r3", None, steps=False) < 1.0
+    assert 0.2 < _seconds_to_timeout(EngineTotals(), "r3", None, steps=False) < 1.0
