@@ -89,8 +89,12 @@ def _deploy(cfg, args) -> int:
     from cluster.control.runtime import connect
 
     address = args.address or cfg.ray.address
-    embedded = connect(address, num_cpus=cfg.ray.num_cpus, object_store_mib=cfg.ray.object_store_mib,
-                       namespace=cfg.ray.namespace)
+    try:
+        embedded = connect(address, num_cpus=cfg.ray.num_cpus, object_store_mib=cfg.ray.object_store_mib,
+                           namespace=cfg.ray.namespace)
+    except ConnectionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     # NOTE: after ray.init, which installs its own SIGTERM handler in the driver. Once serving, the handler
     # only records the signal (threading.Event.set() inside a signal handler can deadlock on the Event's own
     # lock when the signal lands while the main thread waits on it); the serving loop below polls the record.

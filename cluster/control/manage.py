@@ -12,11 +12,12 @@ def _connect(args) -> Any:
 
     import ray
 
-    from cluster.control.runtime import LOOPBACK_ENV
+    from cluster.control.runtime import LOOPBACK_ENV, check_reachable
 
     for k, v in LOOPBACK_ENV.items():
         os.environ.setdefault(k, v)
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
+    check_reachable(address)
     ray.init(address=address, namespace=args.namespace, logging_level="WARNING", log_to_driver=False)
     try:
         return ray.get_actor(f"{args.name}-controller", namespace=args.namespace)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -16,6 +17,28 @@ LOOPBACK_ENV = {
 }
 
 
+REACH_TIMEOUT_S = 5.0
+
+
+def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Fail in seconds, naming the address, when nothing listens at a `host:port` (or `ray://host:port`) Ray
+    address; "auto" and other forms are Ray's to resolve.
+
+    NOTE: ray.init(address=...) retries an unreachable GCS for minutes before it raises; the CLI's
+    users mistype an address far more often than a cluster takes minutes to come up."""
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as e:
+        raise ConnectionError(
+            f"cannot reach the Ray cluster at {address!r} ({e.strerror or e}); start one there "
+            "(`ray start --head --port=...`, or `ray up`) or fix --address / ray.address / RAY_ADDRESS") from None
+
+
 def connect(address: str | None, *, num_cpus: int | None, object_store_mib: int, namespace: str) -> bool:
     """Connect to Ray. Returns True when this process started an embedded local cluster."""
     import ray
@@ -25,6 +48,7 @@ def connect(address: str | None, *, num_cpus: int | None, object_store_mib: int,
         # NOTE: a user's cluster: its auth mode (RAY_AUTH_MODE, token) is its owner's to set, never ours
         # (issue 14); only usage stats stay off unless the user's environment says otherwise.
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        check_reachable(address)
         ray.init(address=address, namespace=namespace, logging_level=logging.WARNING, log_to_driver=False)
         return False
     os.environ.update({k: os.environ.get(k, v) for k, v in LOOPBACK_ENV.items()})

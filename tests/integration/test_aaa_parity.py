@@ -1,10 +1,12 @@
 """The contract of our OpenAI surface: the same answers as vLLM's own server.
 
 vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`, same model and settings, greedy
-or seeded, one colocated engine) answers a table of requests (each feature, streamed and not); it is
-stopped, then our disaggregated deployment answers the same table, and the two are compared field by field
-except ids, timestamps and `system_fingerprint`, with logprob floats within LOGPROB_TOL. The file sorts
-first so the reference runs before the session's deployment starts (never both servers at once on 2 cores).
+or seeded, one colocated engine) and our disaggregated deployment answer a table of requests (each feature,
+streamed and not) and lm-eval's tasks side by side (greedy answers do not depend on the load; each system
+mostly runs one request on one core at a time, so on two cores the two recordings overlap instead of adding
+up), and the two are compared field by field except ids, timestamps and `system_fingerprint`, with logprob
+floats within LOGPROB_TOL. The file sorts first so that the session's deployment starts while vLLM's
+server does.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,7 @@ from benchmarks.report import write_report
 from benchmarks.serve import run_benchmark
 from benchmarks.stats import SLO
 from benchmarks.workload import ChatWorkload
+from tests.helpers.lmeval import run_lmeval
 from tests.helpers.parity_table import CHAT, CMPL, RESP, TABLE, TOOL_ARGS
 
 pytestmark = pytest.mark.integration
@@ -127,25 +132,46 @@ def _diff(a: Any, b: Any, where: str, out: list[str]) -> None:
         out.append(f"{where}: vLLM {str(a)[:120]!r} vs ours {str(b)[:120]!r}")
 
 
+def _ours(request) -> Callable[[], tuple[str, str]]:
+    """A wait for our endpoint and model name: the session's deployment once it is up, or the developer's
+    (conftest's DEV_ENDPOINT: no deployment of ours)."""
+    if os.environ.get("SAAF_TEST_ENDPOINT"):
+        fixed = os.environ["SAAF_TEST_ENDPOINT"], os.environ.get("SAAF_TEST_MODEL", "SmolLM2-135M-Instruct")
+        return lambda: fixed
+    started = request.getfixturevalue("deployment_started")  # NOTE: here: pytest's fixtures are not thread-safe
+
+    def wait() -> tuple[str, str]:
+        info = started.result(timeout=900)
+        return info["endpoint"], info["model"]
+    return wait
+
+
+def _record_ours(where: Callable[[], tuple[str, str]], tokenizer_dir: str, tmp: Any) -> dict[str, Any]:
+    url, model = where()
+    return {"answers": record(url), "lmeval": run_lmeval(url, model, tokenizer_dir, tmp)}
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, request) -> dict[str, Any]:
-    """vLLM serve's answers to the table and its lm-eval scores (our deployment starts meanwhile: answers
-    and scores do not depend on the load, and the two start-ups overlap)."""
+    """vLLM serve's answers to the table, its lm-eval scores and the benchmark tools' runs against it; and,
+    recorded meanwhile in a thread, our deployment's answers and scores (a Future: its failure fails only
+    the tests that compare with ours)."""
     from engine.models import resolve_model, served_name
-    if not os.environ.get("SAAF_TEST_ENDPOINT"):  # NOTE: conftest's DEV_ENDPOINT: no deployment of ours
-        request.getfixturevalue("deployment_started")
-    from tests.helpers.lmeval import run_lmeval
     from tests.helpers.vllm_server import ServerFailed, vllm_server
 
     tmp = tmp_path_factory.mktemp("vllm-ref")
     model_dir = resolve_model("smollm2")
+    pool = ThreadPoolExecutor(1, thread_name_prefix="parity-ours")
+    ours = pool.submit(_record_ours, _ours(request), model_dir, tmp_path_factory.mktemp("ours"))
     try:
         with vllm_server(model_dir, served_name("smollm2"), tmp / "server.log", max_model_len=1024,
                          extra=TOOL_ARGS) as url:
             return {"answers": record(url), "lmeval": run_lmeval(url, served_name("smollm2"), model_dir, tmp),
-                    "bench": _benchmarks(url, served_name("smollm2"), tmp)}
+                    "bench": _benchmarks(url, served_name("smollm2"), tmp), "ours": ours}
     except ServerFailed as e:
         pytest.fail(str(e))
+    finally:
+        pool.shutdown(wait=False)  # NOTE: the thread's waits are bounded (deployment, requests, lm-eval)
 
 
 @pytest.fixture(scope="module")
@@ -153,8 +179,8 @@ def vllm_answers(reference) -> dict[str, Any]:
     return reference["answers"]
 
 
-def test_every_feature_answers_as_vllm_serve(vllm_answers, endpoint):
-    ours = record(endpoint)
+def test_every_feature_answers_as_vllm_serve(vllm_answers, reference):
+    ours = reference["ours"].result(timeout=1200)["answers"]
     assert set(ours) == set(vllm_answers)
     problems: dict[str, list[str]] = {}
     for key, want in vllm_answers.items():
@@ -169,13 +195,10 @@ def test_every_feature_answers_as_vllm_serve(vllm_answers, endpoint):
     assert not problems, "\n".join(f"{k}:\n    " + "\n    ".join(v[:8]) for k, v in problems.items())
 
 
-def test_lm_eval_scores_match_vllm_serve(reference, endpoint, model_name, tmp_path):
+def test_lm_eval_scores_match_vllm_serve(reference):
     """lm-eval's loglikelihood (local-completions: echo + logprobs, prompt logprobs from the prefill engine)
     and generation (local-chat-completions) scores on the local capitals tasks equal vLLM serve's."""
-    from engine.models import resolve_model
-    from tests.helpers.lmeval import run_lmeval
-
-    ours = run_lmeval(endpoint, model_name, resolve_model("smollm2"), tmp_path)
+    ours = reference["ours"].result(timeout=1200)["lmeval"]
     print(f"\nlm-eval: vLLM serve {reference['lmeval']}, ours {ours}")
     assert ours.keys() == reference["lmeval"].keys() and len(ours) >= 2
     assert ours == reference["lmeval"]
