@@ -25,8 +25,9 @@ import numpy as np
 from placement import workload as shared
 from placement.workload import MAX_REQUESTS, arrival_times
 
-__all__ = ["MAX_REQUESTS", "WORKLOADS", "ChatWorkload", "LongDocWorkload", "RequestSpec", "TraceWorkload",
-           "Workload", "arrival_times", "build_requests", "make_prompt"]
+__all__ = ["MAX_REQUESTS", "WORKLOADS", "ChatWorkload", "LongDocWorkload", "MixedWorkload", "MultiTurnWorkload",
+           "PromptSetWorkload", "RequestSpec", "TraceWorkload", "Workload", "arrival_times", "build_requests",
+           "make_prompt"]
 _WORDS = (
     "the of and to in is that for it as was with be by on not he this are or his from at which but have "
     "an they you were her she there would their we him been has when who will more no if out so said what "
@@ -57,6 +58,11 @@ class Workload(ABC):
 
     def trace_arrivals(self) -> list[float] | None:
         """Recorded arrival times (seconds from start), when the workload carries its own timing."""
+        return None
+
+    def prompts(self, n: int, rng: np.random.Generator) -> list[str] | None:
+        """Prompts of its own (shared prefixes, templates), one per request, matching ``lengths``; None:
+        random words, ``input_len`` of them."""
         return None
 
 
@@ -132,6 +138,54 @@ class MixedWorkload(Workload):
 
 
 @dataclass(frozen=True)
+class MultiTurnWorkload(Workload):
+    """Multi-turn chat: ``conversations`` interleaved conversations, each a system prompt of its own
+    (``system_len`` words) and one more user turn (``turn_len`` words) per request; request i is turn
+    i // conversations of conversation i % conversations and repeats that conversation's whole history, so
+    a follow-up turn's prompt begins with the previous turn's (what prefix caching reuses)."""
+
+    conversations: int = 4
+    system_len: int = 384
+    turn_len: int = 24
+    output_len: int = 24
+    name: str = "multiturn"
+
+    def __post_init__(self) -> None:
+        _check_positive(conversations=self.conversations, system_len=self.system_len, turn_len=self.turn_len,
+                        output_len=self.output_len)
+
+    def lengths(self, n: int, rng: np.random.Generator) -> list[tuple[int, int]]:
+        return [(self.system_len + (i // self.conversations + 1) * self.turn_len, self.output_len) for i in range(n)]
+
+    def prompts(self, n: int, rng: np.random.Generator) -> list[str]:
+        systems = [make_prompt(self.system_len, rng) for _ in range(self.conversations)]
+        turns = [make_prompt(self.turn_len, rng) for _ in range(n)]  # NOTE: turn t of conversation c: index i
+        return [" ".join([systems[i % self.conversations],
+                          *(turns[j] for j in range(i % self.conversations, i + 1, self.conversations))])
+                for i in range(n)]
+
+
+@dataclass(frozen=True)
+class PromptSetWorkload(Workload):
+    """Given prompts and output lengths, cycled (e.g. templated text whose continuation the prompt holds);
+    ``input_len`` is the prompt's word count, an estimate (reports use the server's usage counts)."""
+
+    items: tuple[tuple[str, int], ...]
+    name: str = "prompts"
+
+    def __post_init__(self) -> None:
+        if not self.items or any(not p or n < 1 for p, n in self.items):
+            raise ValueError(f"{self.name}: give at least one (prompt, output_len >= 1) pair")
+
+    def lengths(self, n: int, rng: np.random.Generator) -> list[tuple[int, int]]:
+        return [(len(self.items[i % len(self.items)][0].split()), self.items[i % len(self.items)][1])
+                for i in range(n)]
+
+    def prompts(self, n: int, rng: np.random.Generator) -> list[str]:
+        return [self.items[i % len(self.items)][0] for i in range(n)]
+
+
+@dataclass(frozen=True)
 class TraceWorkload(Workload):
     """Rows of (input_len, output_len[, arrival_s]) from a CSV (with header) or JSONL file; cycled."""
 
@@ -175,8 +229,12 @@ def build_requests(workload: Workload, rate: float | None, num_requests: int | N
         times = arrival_times(rate, num_requests, duration_s, burstiness_cv, np.random.default_rng([seed, 1]))
     lengths = workload.lengths(len(times), np.random.default_rng([seed, 2]))
     prompt_rng = np.random.default_rng([seed, 3])
+    own = workload.prompts(len(times), prompt_rng)
     specs = []
     for i, (t, (n_in, n_out)) in enumerate(zip(times, lengths, strict=True)):
+        if own is not None:  # NOTE: the workload's own prompts fit its lengths; they are never cut
+            specs.append(RequestSpec(i, n_in, n_out, t, own[i]))
+            continue
         if max_total_len is not None and n_in + n_out > max_total_len:
             n_in = max(1, max_total_len - n_out)
             n_out = min(n_out, max_total_len - n_in)

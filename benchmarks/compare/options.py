@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from benchmarks.compare.quiet import FOREIGN_LIMIT
 from benchmarks.serve import ProgressFn
@@ -34,6 +35,9 @@ class RunOptions:
     """Prompt tokens of each probe request (the CLI: the workload's median input)."""
     quality: bool = True
     """Greedy outputs of the eval set from each variant's endpoint."""
+    extra: Callable[[str, str], dict[str, Any]] | None = None
+    """A measurement of the ready, idle deployment (endpoint, model) -> its figures, kept as the variant's
+    ``extra`` (e.g. task accuracy); after the greedy eval set, before the steps."""
     ready_timeout_s: float = 300.0
     warmup_requests: int = 2
     """Before a variant's first step (not measured)."""

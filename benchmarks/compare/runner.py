@@ -79,6 +79,10 @@ def run_variant(name: str, deployment: Deployment, steps: Sequence[Step], opts: 
             part["quality_outputs"] = endpoint_outputs(dep.endpoint, dep.model, opts.request_timeout_s)
             part["quality_s"] = round(time.monotonic() - tq, 1)
             opts.say(f"[{name}] greedy eval set done in {part['quality_s']} s")
+        if opts.extra is not None:
+            tx = time.monotonic()
+            part["extra"] = opts.extra(dep.endpoint, dep.model)
+            opts.say(f"[{name}] {part['extra']} in {time.monotonic() - tx:.0f} s")
         settled = wait_calibrated(dep.endpoint, CALIBRATION_WAIT_S)
         if settled is not None:
             part["calibration_wait_s"] = settled

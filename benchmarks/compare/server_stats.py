@@ -83,6 +83,9 @@ def worker_load(samples: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "median_step_s": steps[len(steps) // 2] if steps else None,
             "mean_kv_usage": sum(w.get("kv_usage", 0.0) for w in ws) / len(ws),
             "max_kv_usage": max((w.get("kv_usage", 0.0) for w in ws), default=0.0),
+            # NOTE: accepted / proposed draft tokens since the engine started (speculating engines only)
+            "spec_acceptance": next((w["spec_acceptance"] for w in reversed(ws) if w.get("spec_acceptance") is not None),
+                                    None),
         }
     return out
 

@@ -38,6 +38,20 @@ def resource_bundles(shape: Any, count: int) -> list[dict[str, float]]:
     return [dict(b) for _ in range(count) for b in per]
 
 
+def request_pool_resources(bundles: list[dict[str, float]]) -> bool:
+    """Ask Ray's autoscaler for the whole desired set (it keeps only the latest request: [] clears it), so a
+    `ray up` cluster grows nodes for engines that do not fit and may remove idle ones once they are not
+    asked for. False (logged) where no autoscaler can be asked; scaling still works within the cluster."""
+    from ray.autoscaler.sdk import request_resources
+
+    try:
+        request_resources(bundles=bundles)
+        return True
+    except Exception as e:  # noqa: BLE001 - no autoscaler to ask (a fixed cluster): scaling still works
+        logger.warning("planner loop: request_resources failed (%s); resizing within the cluster", e)
+        return False
+
+
 class PlannerLoop:
     def __init__(self, ctl: PoolController) -> None:
         self.ctl = ctl
@@ -152,13 +166,8 @@ class PlannerLoop:
         return [b for role, n in roles.items() for b in resource_bundles(self.ctl.shape_for(role), n)]
 
     def _request(self, bundles: list[dict[str, float]]) -> None:
-        from ray.autoscaler.sdk import request_resources
-
-        try:
-            request_resources(bundles=bundles)
+        if request_pool_resources(bundles):
             self.requested = bundles
-        except Exception as e:  # noqa: BLE001 - no autoscaler to ask (a fixed cluster): scaling still works
-            logger.warning("planner loop: request_resources failed (%s); resizing within the cluster", e)
 
     async def _apply(self, current: Sizes, target: Sizes) -> None:
         roles = ([("colocated", current.decode, target.decode)] if self.colocated else

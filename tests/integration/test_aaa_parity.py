@@ -28,8 +28,8 @@ import pytest
 from benchmarks.report import write_report
 from benchmarks.serve import run_benchmark
 from benchmarks.stats import SLO
+from benchmarks.taskeval import run_taskeval
 from benchmarks.workload import ChatWorkload
-from tests.helpers.lmeval import run_lmeval
 from tests.helpers.parity_table import CHAT, CMPL, RESP, TABLE, TOOL_ARGS
 
 pytestmark = pytest.mark.integration
@@ -148,7 +148,7 @@ def _ours(request) -> Callable[[], tuple[str, str]]:
 
 def _record_ours(where: Callable[[], tuple[str, str]], tokenizer_dir: str, tmp: Any) -> dict[str, Any]:
     url, model = where()
-    return {"answers": record(url), "lmeval": run_lmeval(url, model, tokenizer_dir, tmp)}
+    return {"answers": record(url), "lmeval": run_taskeval(url, model, tokenizer_dir, tmp)}
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,7 @@ def reference(tmp_path_factory, request) -> dict[str, Any]:
     try:
         with vllm_server(model_dir, served_name("smollm2"), tmp / "server.log", max_model_len=1024,
                          extra=TOOL_ARGS) as url:
-            return {"answers": record(url), "lmeval": run_lmeval(url, served_name("smollm2"), model_dir, tmp),
+            return {"answers": record(url), "lmeval": run_taskeval(url, served_name("smollm2"), model_dir, tmp),
                     "bench": _benchmarks(url, served_name("smollm2"), tmp), "ours": ours}
     except ServerFailed as e:
         pytest.fail(str(e))

@@ -161,9 +161,13 @@ def test_fail_policy_errors_within_bound_and_prefill_frees_blocks(deployment, wo
 def test_a_handoff_past_its_lease_never_streams_wrong_output(deployment, workers, colocated_worker):
     """Issue 14: a handoff that reaches the decode engine after the prefill's lease ran out (held in a queue,
     or across a decode restart) while new prompts reuse the prefill's cache. The prefill engine has freed
-    its blocks and the new prompts' KV now fills every one of them (the cache is filled to the last block),
-    so a pull would read another prompt's KV and stream wrong tokens with a 200. The answer must equal
-    colocated, the handoff counted as past its lease and recomputed."""
+    its blocks and new prompts have since been given as many blocks as the cache holds (vLLM hands out free
+    blocks least recently freed first, so the handoff's blocks among them), so a pull would read another
+    prompt's KV and stream wrong tokens with a 200. The answer must equal colocated, the handoff counted as
+    past its lease and recomputed.
+
+    NOTE: the count of blocks given out, not a full cache, is the precondition: on a slow box the first
+    filling prompts' leases run out before the last one is prefilled (7 prompts of ~900 tokens)."""
     cfg = deployment["config"]
     _, p = _role(workers, "prefill")
     _, d = _role(workers, "decode")
@@ -174,14 +178,14 @@ def test_a_handoff_past_its_lease_never_streams_wrong_output(deployment, workers
     _wait(lambda: ray.get(p.stats.remote(), timeout=10).kv_usage == 0, lease + 20, "the prefill's lease ran out")
     capacity = ray.get(p.info.remote(), timeout=30)["kv_capacity_tokens"]
     block = pre.handoff.block_size
-    fills = []
-    for i in range(40):  # NOTE: bounded; ~capacity / 900 prompts fill the cache
-        free_blocks = round((1 - ray.get(p.stats.remote(), timeout=10).kv_usage) * capacity / block)
-        if free_blocks == 0:
+    fills, given, blocks = [], 0, capacity // block
+    for i in range(40):  # NOTE: bounded; capacity / 7 blocks prompts
+        if given >= blocks:
             break
-        n = min(7, free_blocks) * block - 1  # NOTE: a block short of 8 keeps prompt + 1 inside max_model_len
+        n = 7 * block - 1  # NOTE: 7 blocks (prompt + the first token); a block short of 8 keeps inside max_model_len
         fills.append(ray.get(p.prefill.remote(f"lease-fill-{i}", _prompt(300 + i, n), params(1)), timeout=60))
-    assert ray.get(p.stats.remote(), timeout=10).kv_usage == 1.0, "the prefill's cache is not full"
+        given += 7
+    assert given >= blocks, f"only {given} of the cache's {blocks} blocks given to new prompts"
     before = ray.get(d.transfer_counters.remote(), timeout=10)
     try:
         out = _drain(d.decode_stream.options(num_returns="streaming").remote("lease-1", prompt, sp, pre.handoff))

@@ -125,3 +125,30 @@ def test_mixed_workload_holds_long_documents_at_their_share_and_is_deterministic
     assert all(n < 1000 for n, _ in MixedWorkload(long_share=0.0).lengths(50, np.random.default_rng(0)))
     with pytest.raises(ValueError, match="long_share"):
         MixedWorkload(long_share=1.5)
+
+
+def test_multiturn_follow_up_turns_begin_with_the_previous_turn():
+    from benchmarks.workload import MultiTurnWorkload
+
+    wl = MultiTurnWorkload(conversations=3, system_len=40, turn_len=5, output_len=7)
+    specs = build_requests(wl, 1.0, 9, None, seed=4)
+    for s in specs:
+        turn = s.index // 3
+        assert s.input_len == 40 + 5 * (turn + 1) == len(s.prompt.split()) and s.output_len == 7
+        if turn:
+            prev = specs[s.index - 3].prompt
+            assert s.prompt.startswith(prev + " ") and len(s.prompt.split()) == len(prev.split()) + 5
+    # conversations differ from the first word (each its own system prompt); same seed, same prompts
+    assert len({s.prompt.split()[:40].__str__() for s in specs[:3]}) == 3
+    assert [s.prompt for s in build_requests(wl, 2.0, 9, None, seed=4)] == [s.prompt for s in specs]
+
+
+def test_prompt_set_workload_cycles_its_prompts_uncut():
+    from benchmarks.workload import PromptSetWorkload
+
+    wl = PromptSetWorkload((("a b c", 4), ("d " * 30, 6)), "set")
+    specs = build_requests(wl, 1.0, 5, None, max_total_len=10)  # NOTE: its own prompts are never cut
+    assert [s.prompt for s in specs] == ["a b c", "d " * 30] * 2 + ["a b c"]
+    assert [(s.input_len, s.output_len) for s in specs[:2]] == [(3, 4), (30, 6)]
+    with pytest.raises(ValueError, match="at least one"):
+        PromptSetWorkload(())

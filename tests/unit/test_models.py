@@ -70,9 +70,9 @@ def test_smollm2_manifest_matches_what_prepare_expects(cache):
 
     tmp = Path(tempfile.mkdtemp(dir=cache))
     shutil.copy(folder / "a.bin", tmp / "a.bin")
-    out = models._publish(tmp, cache / "published", src)
-    assert models._intact(out, src)
-    assert not models._intact(out, dict(src, sha256="0" * 64))
+    out = models.publish(tmp, cache / "published", src)
+    assert models.intact(out, src)
+    assert not models.intact(out, dict(src, sha256="0" * 64))
 
 
 def test_unknown_model_names_the_choices(cache, tmp_path):
