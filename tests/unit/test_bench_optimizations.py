@@ -79,3 +79,11 @@ def test_the_int8_row_carries_task_accuracy_before_and_after():
     assert all(r["accuracy"] == {"base": acc["disaggregated"], "opt": acc["disaggregated+w8a8"]} for r in rows)
     assert "mc 0.90 -> 0.80" in opt.summary_table(rows)
     assert by["disaggregated+w8a8"].accuracy and by["disaggregated"].accuracy
+
+
+def test_only_the_prefix_caching_variant_caches_prefixes():
+    """Its steps are never repeated: a repeat would replay prompts the engine has cached."""
+    base = opt.base_config(opt.build_parser().parse_args([]), 8000)
+    caching = {d.variant.name for d in opt.DEPLOYS if opt.caches_prefixes(d.variant.config(base))}
+    assert caching == {"disaggregated+prefix-caching"}
+    assert opt.caches_prefixes({"engine": {}, "pool_engines": {"decode": {"enable_prefix_caching": True}}})
