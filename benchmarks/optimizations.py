@@ -216,7 +216,7 @@ def plot(rows: Sequence[dict[str, Any]], out_dir: Path) -> list[str]:
         xs = range(len(rows))
         ax.bar([x - 0.2 for x in xs], [(r["base"][key] or 0) * scale for r in rows], 0.4, label="baseline")
         ax.bar([x + 0.2 for x in xs], [(r["opt"][key] or 0) * scale for r in rows], 0.4, label="with the option")
-        ax.set_xticks(list(xs), labels, fontsize=7)
+        ax.set_xticks(list(xs), labels, fontsize=7, rotation=35, ha="right")
         ax.set_title(title)
     axes[0].legend()
     fig.tight_layout()
