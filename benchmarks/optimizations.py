@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -175,10 +175,12 @@ def quality_of(outputs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, 
     return out
 
 
-def _arrow(a: float | None, b: float | None, scale: float = 1000.0, digits: int = 0) -> str:
-    def f(v: float | None) -> str:
-        return "-" if v is None else (fmt_ms(v) if scale == 1000.0 else f"{v * scale:.{digits}f}")
-    return f"{f(a)} -> {f(b)}"
+def _arrow(a: float | None, b: float | None, fmt: Callable[[float], str] = fmt_ms) -> str:
+    return " -> ".join("-" if v is None else fmt(v) for v in (a, b))
+
+
+def _dec(digits: int) -> Callable[[float], str]:
+    return lambda v: f"{v:.{digits}f}"
 
 
 def summary_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -189,13 +191,13 @@ def summary_table(rows: Sequence[dict[str, Any]]) -> str:
         if r.get("accuracy"):
             qual += "; " + ", ".join(f"{k.split('/')[0].removeprefix('saaf_capitals_')} "
                                      f"{r['accuracy']['base'][k]:.2f} -> {r['accuracy']['opt'].get(k, math.nan):.2f}"
-                                     for k in sorted(r["accuracy"]["base"]) if "sample_len" not in k)
+                                     for k in sorted(r["accuracy"]["base"]))
         name = r["option"] + (f" (acceptance {r['spec_acceptance']:.2f})" if r.get("spec_acceptance") else "")
         body.append([name, f"{r['workload']} ({r['expect']})", _arrow(b["ttft_p50"], o["ttft_p50"]),
                      _arrow(b["ttft_p99"], o["ttft_p99"]), _arrow(b["itl_p50"], o["itl_p50"]),
-                     _arrow(b["itl_p99"], o["itl_p99"]), _arrow(b["goodput_rps"], o["goodput_rps"], 1.0, 3),
-                     _arrow(b["dollars_per_m_input"], o["dollars_per_m_input"], 1.0, 2),
-                     _arrow(b["dollars_per_m_output"], o["dollars_per_m_output"], 1.0, 2), qual])
+                     _arrow(b["itl_p99"], o["itl_p99"]), _arrow(b["goodput_rps"], o["goodput_rps"], _dec(3)),
+                     _arrow(b["dollars_per_m_input"], o["dollars_per_m_input"], _dec(2)),
+                     _arrow(b["dollars_per_m_output"], o["dollars_per_m_output"], _dec(2)), qual])
     return md_table(["optimisation", "workload", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms",
                      "goodput req/s", "$/M in", "$/M out", "greedy eval set"], body)
 
@@ -254,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ttft-slo", type=float, default=2.0, help="TTFT target, seconds")
     p.add_argument("--tpot-slo", type=float, default=0.15, help="TPOT target, seconds per output token")
     p.add_argument("--dollars-per-hour", type=float, default=0.10, help="price of the box")
-    p.add_argument("--only", help="comma list of deployments to run (default: all five)")
+    p.add_argument("--only", help="comma list of deployments to run (default: all six)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="directory for report.md, report.json, raw.json and optimizations.png")
     return p
@@ -284,13 +286,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     by_name = {d.variant.name: d for d in deploys}
 
     def run_one(v: Variant) -> dict[str, Any]:
+        config, d = v.config(base), by_name[v.name]
         # NOTE: a step repeated on an engine that caches prefixes would replay prompts it has cached (every
         # turn a hit): such a variant measures each step once, disturbed or not (the report shows how much)
-        own = QuietBudget(budget.wait_left, 0) if caches_prefixes(v.config(base)) else budget
-        part = run_variant(v.name, InProcessDeployment(v.config(base)), steps_of(by_name[v.name], args.num_requests,
-                                                                                   args.seed),
-                           replace(opts, cost=cost_of(by_name[v.name], args.dollars_per_hour),
-                                   extra=partial(accuracy, v.config(base)) if by_name[v.name].accuracy else None), own)
+        own = QuietBudget(budget.wait_left, 0) if caches_prefixes(config) else budget
+        part = run_variant(v.name, InProcessDeployment(config), steps_of(d, args.num_requests, args.seed),
+                           replace(opts, cost=cost_of(d, args.dollars_per_hour),
+                                   extra=partial(accuracy, config) if d.accuracy else None), own)
         budget.wait_left = min(budget.wait_left, own.wait_left)
         return part
 

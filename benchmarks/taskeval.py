@@ -14,6 +14,7 @@ evaluator and the metrics are lm-eval's, unchanged."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -51,15 +52,15 @@ def evaluate(base_url: str, model: str, tokenizer: str, tasks_dir: str) -> dict[
         out = lm_eval.simple_evaluate(model=kind, model_args=model_args, tasks=[task], task_manager=manager,
                                       batch_size=1, apply_chat_template=chat, bootstrap_iters=0, log_samples=False)
         for k, v in out["results"][task].items():
-            if isinstance(v, float | int) and "stderr" not in k and k != "alias":
+            if isinstance(v, float | int) and "stderr" not in k and k not in ("alias", "sample_len"):
                 scores[f"{task}/{k}"] = float(v)
     return scores
 
 
 def run_taskeval(base_url: str, model: str, tokenizer_dir: str | Path, tmp: Path | None = None) -> dict[str, float]:
     """{task/metric: score} for both tasks, from a child process (its imports and memory freed after)."""
-    with tempfile.TemporaryDirectory(prefix="taskeval-") as scratch:
-        work = Path(tmp or scratch)
+    with contextlib.nullcontext(tmp) if tmp else tempfile.TemporaryDirectory(prefix="taskeval-") as scratch:
+        work = Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
         env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                             "NO_PROXY": "127.0.0.1,localhost"}

@@ -178,8 +178,8 @@ class PromptSetWorkload(Workload):
             raise ValueError(f"{self.name}: give at least one (prompt, output_len >= 1) pair")
 
     def lengths(self, n: int, rng: np.random.Generator) -> list[tuple[int, int]]:
-        return [(len(self.items[i % len(self.items)][0].split()), self.items[i % len(self.items)][1])
-                for i in range(n)]
+        picked = (self.items[i % len(self.items)] for i in range(n))
+        return [(len(prompt.split()), out) for prompt, out in picked]
 
     def prompts(self, n: int, rng: np.random.Generator) -> list[str]:
         return [self.items[i % len(self.items)][0] for i in range(n)]

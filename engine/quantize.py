@@ -13,12 +13,15 @@ lack. Our code, not llm-compressor's: that package is not installed and would pu
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
 from engine import models
+
+logger = logging.getLogger(__name__)
 
 QUANT_VERSION = 1
 LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -95,6 +98,6 @@ def prepare_smollm2_w8a8() -> Path:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        models.logger.info("W8A8 copy of the bundled model ready at %s in %.1fs (%s)", dest,
+        logger.info("W8A8 copy of the bundled model ready at %s in %.1fs (%s)", dest,
                            time.monotonic() - t0, counts)
         return out

@@ -68,6 +68,13 @@ def cpu_breakdown(before: Snapshot, after: Snapshot, wall_s: float) -> dict[str,
     return {g: round(v / wall_s, 3) for g, v in sorted(used.items())} if wall_s > 0 else {}
 
 
+def machine_now(window_s: float = 3.0) -> float:
+    """Cores the whole machine uses over the next ``window_s`` seconds (this run's processes included)."""
+    busy0 = machine_busy_s()
+    time.sleep(window_s)
+    return (machine_busy_s() - busy0) / window_s
+
+
 def foreign_now(window_s: float = 3.0) -> float:
     """Cores used by processes outside this run's process tree over the next ``window_s`` seconds."""
     before, busy0 = cpu_snapshot({})

@@ -2,7 +2,7 @@
 cluster. The cluster is Ray's own fake multi-node provider (`fake_multinode`, what
 `ray.cluster_utils.AutoscalingCluster` starts; its autoscaler launches and removes real raylets on this
 machine as a cloud provider would launch VMs), started here with `ray start --head --block` and ended by
-PID (AutoscalingCluster's start and shutdown run `ray stop --force`, which would end every Ray on the box).
+PID (AutoscalingCluster's own start and shutdown stop every Ray instance on the machine, others' included).
 
 The fake nodes advertise GPUs (none exist): the test sizes pools of tensor-parallel GPU engines, whose
 bundles (cluster.control.autoplan.resource_bundles, from cluster.control.placer.engine_shape) only fit

@@ -3,8 +3,6 @@ beside benchmarks.serve on the same workload (benchmarks/vllm_bench.py)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 pytestmark = pytest.mark.integration
@@ -15,16 +13,10 @@ def _wait_quiet_machine(timeout_s: float = 90.0) -> float:
     """Until the whole machine uses at most QUIET_CORES (bounded); the last reading. The module before this
     one ends a deploy CLI with its own Ray and engines; a client measured while that winds down saw an 8 s
     stall that the other client, a minute later, did not."""
-    from benchmarks.compare.procstat import machine_busy_s
+    from benchmarks.compare.procstat import machine_now
+    from benchmarks.compare.quiet import QuietBudget, wait_under
 
-    deadline, busy = time.monotonic() + timeout_s, float("inf")
-    while time.monotonic() < deadline:
-        b0 = machine_busy_s()
-        time.sleep(2.0)
-        busy = (machine_busy_s() - b0) / 2.0
-        if busy <= QUIET_CORES:
-            break
-    return busy
+    return wait_under(QuietBudget(timeout_s, 0), QUIET_CORES, machine_now, window_s=2.0)[1]
 
 
 def test_vllm_bench_serve_runs_against_our_endpoint_on_both_backends(endpoint, model_name):
