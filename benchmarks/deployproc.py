@@ -11,13 +11,9 @@ import threading
 import time
 from pathlib import Path
 
-from engine.procs import descendants
+from engine.procs import tree
 
 READY = "OpenAI-compatible endpoint:"
-
-
-def tree(pid: int) -> list[int]:
-    return [pid, *descendants(pid)]
 
 
 def pss_bytes(pids: list[int]) -> int:
@@ -52,18 +48,6 @@ def pss_by_process(pids: list[int]) -> dict[str, int]:
         except (OSError, ValueError, IndexError):
             continue
     return out
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    tck = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for p in pids:
-        try:
-            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(f[11]) + int(f[12])) / tck
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
 
 
 class DeployProcess:

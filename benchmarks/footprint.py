@@ -21,7 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from benchmarks.compare.provenance import Provenance, write_artefact
-from benchmarks.deployproc import DeployProcess, cpu_seconds, pss_bytes
+from benchmarks.deployproc import DeployProcess, pss_bytes
+from engine.procs import cpu_seconds
 
 
 def chat(endpoint: str, model: str, content: str, max_tokens: int) -> dict:

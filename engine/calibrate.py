@@ -5,6 +5,10 @@ Machines of one kind differ (AVX-512 vs AVX2 CPUs: ~1.7x per prefill), so the ro
 the machine that serves (cluster/control/calibration.py) rather than read from a profile measured elsewhere.
 About 1,100 prompt tokens and ~50 decode steps in all: a few seconds on a small CPU, done in the background
 after the deployment is ready. Rows are what placement.profile_fit.fit_coefficients takes.
+
+Samples count only when nothing else ran: no serving traffic on this engine, and (CPU engines) no more
+than `foreign_limit` cores of other processes on the box, which a second engine, a benchmark or a test's
+reference server would take from every sample (the whole measurement is then unclean, and unused).
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ class Samples(NamedTuple):
     prefill: list[tuple[float, float, float]]  # (tokens, sum of squared lengths, ms)
     decode: list[tuple[float, float, float]]  # (batch, context tokens, ms)
     seconds: float
-    clean: bool = True  # no serving traffic overlapped a sample (only clean samples are cached)
+    clean: bool = True  # no serving traffic or other load overlapped the samples (only clean ones are used)
+    foreign_cores: float = 0.0  # cores other processes used meanwhile (CPU engines; 0 where unchecked)
 
 
 def _params(max_tokens: int) -> Any:
@@ -44,6 +49,7 @@ def _prompt(n: int, salt: int, vocab: int) -> list[int]:
 
 
 QUIET_WAIT_S = 2.0  # how long one sample waits for the engine to have no other requests (then runs anyway)
+LOOK_S = 1.0  # how long a measurement first watches the box's other load
 
 
 def _quiet(host: Any) -> bool:
@@ -67,10 +73,46 @@ async def _run(host: Any, ids: list[int], max_tokens: int, stamps: list[float] |
             stamps.append(time.monotonic())
 
 
+def foreign_limit(engine_threads: int, cpus: int | None = None) -> float:
+    """Cores other processes may use while a CPU engine is measured: half of what its threads leave free
+    (at least 0.3), so on a 2-core box with a 1-thread engine, 0.5."""
+    import os
+
+    free = (cpus or os.cpu_count() or 1) - engine_threads
+    return max(0.3, 0.5 * free)
+
+
+class _Foreign:
+    """Cores used by processes outside this one's tree (the worker and its EngineCore) since creation."""
+
+    def __init__(self) -> None:
+        import os
+
+        from engine.procs import cpu_seconds, machine_busy_s, tree
+
+        self._own = lambda: cpu_seconds(tree(os.getpid()))
+        self._busy = machine_busy_s
+        self.t0, self.own0, self.busy0 = time.monotonic(), self._own(), self._busy()
+
+    def cores(self) -> float:
+        wall = time.monotonic() - self.t0
+        if wall <= 0:
+            return 0.0
+        return max(0.0, (self._busy() - self.busy0) - (self._own() - self.own0)) / wall
+
+
 async def measure(host: Any, vocab: int, prefill_lens: tuple[int, ...] = PREFILL_LENS,
                   decode_points: tuple[tuple[int, int], ...] = DECODE_POINTS, steps: int = DECODE_STEPS,
-                  repeats: int = 2) -> Samples:
+                  repeats: int = 2, foreign_max: float | None = None) -> Samples:
+    """Samples from `host`'s engine. `foreign_max` (CPU engines): the cores other processes may use
+    meanwhile (a second engine or a benchmark on the same box slows every sample) before the samples
+    count as unclean; None: unchecked."""
     t0 = time.monotonic()
+    foreign = _Foreign() if foreign_max is not None else None
+    if foreign is not None:  # NOTE: a busy box is seen in a second, before any measuring
+        await asyncio.sleep(LOOK_S)
+        if not _quiet(host) or foreign.cores() > foreign_max:
+            return Samples([], [], time.monotonic() - t0, False, round(foreign.cores(), 3))
     room = getattr(host, "max_model_len", 1 << 30) - steps - 4
     prefill_lens = tuple(n for n in prefill_lens if n <= room) or (min(16, room),)
     decode_points = tuple((b, c) for b, c in decode_points if c <= room) or ((1, min(16, room)),)
@@ -102,7 +144,9 @@ async def measure(host: Any, vocab: int, prefill_lens: tuple[int, ...] = PREFILL
         if gaps:
             decode.append((float(b), float(b * (context + 1 + steps / 2)), statistics.median(gaps) * 1e3))
         clean = clean and _quiet(host)
-    return Samples(prefill, decode, time.monotonic() - t0, clean)
+    others = 0.0 if foreign is None else foreign.cores()
+    clean = clean and (foreign_max is None or others <= foreign_max)
+    return Samples(prefill, decode, time.monotonic() - t0, clean, round(others, 3))
 
 
 def cpu_model() -> str:
@@ -147,7 +191,7 @@ def load_cached(key: str) -> Samples | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         return Samples([tuple(r) for r in data["prefill"]], [tuple(r) for r in data["decode"]],
-                       float(data["seconds"]), bool(data.get("clean", True)))
+                       float(data["seconds"]), bool(data.get("clean", True)), float(data.get("foreign_cores", 0)))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -171,7 +171,7 @@ class EngineHost:
     async def calibration_samples(self, cached: bool = True) -> tuple[Any, str, str] | None:
         """(Samples, source, cache key) for the router's latency model. ``cached``: from this node's cache
         for this CPU/GPU model, engine and vLLM version (None if there is none); otherwise measured on
-        this engine now (engine/calibrate.py) and cached if no serving traffic overlapped it. One
+        this engine now (engine/calibrate.py) and cached if no serving traffic or other load overlapped it. One
         measurement at a time per worker."""
         from engine import calibrate
 
@@ -182,12 +182,14 @@ class EngineHost:
         if cached:
             hit = calibrate.load_cached(key)
             return None if hit is None else (hit, "cache", key)
+        limit = calibrate.foreign_limit(self.cfg.cpu_threads) if self.device == "cpu" else None
         async with self._calib_lock:
-            samples = await calibrate.measure(self, vc.model_config.get_vocab_size())
-            if samples.clean:  # NOTE: samples that serving traffic overlapped serve now but are not cached
+            samples = await calibrate.measure(self, vc.model_config.get_vocab_size(), foreign_max=limit)
+            if samples.clean:  # NOTE: samples that traffic or other load overlapped are neither used nor cached
                 calibrate.store(key, samples)
-            logger.info("%s: latency samples measured in %.1fs (%s)", self.worker_id, samples.seconds,
-                        f"cached as {key}" if samples.clean else "traffic overlapped them: not cached")
+            logger.info("%s: latency samples measured in %.1fs (other processes: %.2f cores; %s)", self.worker_id,
+                        samples.seconds, samples.foreign_cores,
+                        f"cached as {key}" if samples.clean else "traffic or other load overlapped them: unused")
             return samples, f"measured on {self.worker_id}", key
 
     async def check_health(self) -> bool:

@@ -30,6 +30,31 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants."""
+    return [pid, *descendants(pid)]
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds ``pids`` have used so far (those gone count 0)."""
+    tck = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in pids:
+        try:
+            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(f[11]) + int(f[12])) / tck
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every core of the machine spent not idle, since boot."""
+    v = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.compare.procstat import cmdline
-from benchmarks.deployproc import tree
+from engine.procs import tree
 
 
 def process_affinity(engines: dict[int, str]) -> dict[str, list[dict[str, Any]]]:

@@ -22,11 +22,11 @@ from typing import Any, NamedTuple
 import yaml
 
 from benchmarks.compare.procstat import cmdline
-from benchmarks.deployproc import tree
 from cluster.control import deploy
 from cluster.control.cli import shutdown_embedded
 from cluster.control.pools import WORKER_CLASSES
 from cluster.control.runtime import connect
+from engine.procs import tree
 
 logger = logging.getLogger(__name__)
 

@@ -7,9 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from benchmarks.deployproc import cpu_seconds, tree
-
-_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+from engine.procs import cpu_seconds, machine_busy_s, tree
 
 Snapshot = dict[int, tuple[str, float]]
 """pid -> (component, CPU seconds so far)."""
@@ -32,14 +30,6 @@ def classify_process(cmd: str, pid: int, self_pid: int) -> str:
     if "PoolController" in cmd:
         return "pool controller"
     return "ray system (gcs, raylet, agents, idle workers)"
-
-
-def machine_busy_s() -> float:
-    """CPU seconds every core of the machine spent not idle, since boot."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    v = [int(x) for x in fields]
-    idle = v[3] + (v[4] if len(v) > 4 else 0)
-    return (sum(v[:8]) - idle) / _TCK
 
 
 def cpu_snapshot(engines: dict[int, str]) -> tuple[Snapshot, float]:

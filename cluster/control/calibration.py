@@ -7,6 +7,11 @@ their own engines (engine/calibrate.py), published again and cached. The control
 (placement.profile_fit); every ingress replica picks each version up with its membership refresh and swaps
 its policy's latency model, whose online corrections (EWMA of observed/predicted) then start from a model
 that fits the hardware. Until then the bundled profile serves, so readiness never waits for this.
+
+A measurement that serving traffic or another process's load overlapped is too slow, and a model fitted on
+it would refuse requests the engines can serve (a refused request teaches the online corrections nothing):
+it is never published. The controller tries again later, a bounded number of times, and otherwise keeps
+what serves (the cache or the bundled profile, corrected online).
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ from placement.profile_fit import fit_coefficients
 
 logger = logging.getLogger(__name__)
 TIMEOUT_S = 300.0
+# NOTE: a try on a busy box costs a worker one second of looking (engine/calibrate.py), so tries are frequent
+# at first (the box is busy only while something else starts or a burst runs), then sparse.
+RETRY_DELAYS_S = (10.0,) * 60  # after measurements that load overlapped (10 minutes), then every RETRY_EVERY_S
+RETRY_EVERY_S = 120.0
 
 
 class Calibration(NamedTuple):
@@ -38,13 +47,19 @@ async def _samples(handle: Any, cached: bool) -> tuple[Any, str, str] | None:
 
 async def calibrate(prefill: Any, decode: Any | None, cached: bool = False) -> Calibration | None:
     """Prefill samples from `prefill`, decode samples from `decode`; `decode=None` (colocated): both from
-    `prefill`. ``cached``: from the workers' caches only (None if either has none); else measured now."""
+    `prefill`. ``cached``: from the workers' caches only; else measured now. None: a cache missed, or load
+    overlapped a measurement (logged)."""
     # NOTE: one engine after the other: each is measured alone, as the latency model describes one engine
     # (what the engines do to each other on a shared box is left to the online corrections).
     p = await _samples(prefill, cached)
-    d = p if decode is None or p is None else await _samples(decode, cached)
+    d = p if decode is None or p is None or not p[0].clean else await _samples(decode, cached)
     if p is None or d is None:
         return None
+    for s, (samples, source, _) in (("prefill", p), ("decode", d)):
+        if not samples.clean:
+            logger.info("router latency model: %s samples %s overlapped traffic or other load (other processes "
+                        "%.2f cores): unused", s, source, samples.foreign_cores)
+            return None
     coeffs, p_r2, d_r2 = fit_coefficients(p[0].prefill, d[0].decode)
     source = p[1] if decode is None else f"prefill {p[1]}, decode {d[1]}"
     logger.info("router latency model calibrated (%s; %s): prefill R^2 %.3f, decode R^2 %.3f: %s", source, p[2],
@@ -52,10 +67,26 @@ async def calibrate(prefill: Any, decode: Any | None, cached: bool = False) -> C
     return Calibration(coeffs, round(p_r2, 4), round(d_r2, 4), source, p[2], time.time())
 
 
-async def calibrations(prefill: Any, decode: Any | None, publish: Any) -> None:
+async def calibrations(prefill: Any, decode: Any | None, publish: Any, delays_s: tuple[float, ...] = RETRY_DELAYS_S,
+                       every_s: float = RETRY_EVERY_S, tries: int | None = None) -> Calibration | None:
     """The cached model at once (if the nodes have one), then a fresh measurement on these engines: a cache
-    written on a busier day, or before an upgrade of the box, never outlives one start."""
+    written before an upgrade of the box never outlives one start. A measurement that load overlapped is
+    tried again after each of `delays_s`, then every `every_s` (`tries` in all; None: until one is clean;
+    a try on a busy worker costs it a second of looking, not a measurement). Returns what it published last."""
     early = await calibrate(prefill, decode, cached=True)
     if early is not None:
         publish(early)
-    publish(await calibrate(prefill, decode))
+    n = 0
+    while tries is None or n < tries:
+        cal = await calibrate(prefill, decode)
+        if cal is not None:
+            publish(cal)
+            return cal
+        n += 1
+        wait = delays_s[n - 1] if n <= len(delays_s) else every_s
+        if n in (1, len(delays_s) + 1):
+            logger.warning("no clean calibration after %d tries (traffic or other load overlapped each); the router "
+                           "keeps its %s latency model and online corrections; next try in %.0f s", n,
+                           "cached" if early is not None else "bundled", wait)
+        await asyncio.sleep(wait)
+    return early

@@ -250,8 +250,8 @@ def test_soak_counts_every_request_and_memory_is_flat(deploy_cli):
     every request answered once, each a complete answer of the asked length or its documented 4xx, the
     server's counter equal to the client's, memory growth under 10% from the first to the last quarter (the
     SIGTERM check of the soak is the test below)."""
-    from benchmarks.deployproc import tree
     from benchmarks.soak import soak
+    from engine.procs import tree
 
     proc, endpoint, lines, family = deploy_cli
     res = soak(endpoint, lambda: tree(proc.pid), SOAK_REQUESTS, 32, api_key=API_KEY)

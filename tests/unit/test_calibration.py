@@ -37,11 +37,14 @@ def test_fit_recovers_the_coefficients_of_exact_samples() -> None:
 
 class Handle:
     """Stands in for a worker's actor handle: `calibration_samples.remote(cached)` returns an awaitable;
-    `cache` is what the worker's node has cached (None: nothing)."""
+    `cache` is what the worker's node has cached (None: nothing); `samples` one measurement, or a list of
+    them in turn (the last repeats)."""
 
-    def __init__(self, samples: sampler.Samples, cache: sampler.Samples | None = None) -> None:
+    def __init__(self, samples: sampler.Samples | list[sampler.Samples],
+                 cache: sampler.Samples | None = None) -> None:
         self.calls: list[bool] = []
         outer = self
+        todo = list(samples) if isinstance(samples, list) else [samples]
 
         class Method:
             def remote(self, cached: bool = True):
@@ -50,7 +53,7 @@ class Handle:
                 async def answer():
                     if cached:
                         return None if cache is None else (cache, "cache", "key")
-                    return samples, "measured on w", "key"
+                    return (todo.pop(0) if len(todo) > 1 else todo[0]), "measured on w", "key"
                 return answer()
         self.calibration_samples = Method()
 
@@ -74,6 +77,64 @@ def test_a_cached_model_comes_first_and_a_fresh_measurement_replaces_it() -> Non
     published.clear()
     asyncio.run(calibrations(Handle(synthetic()), Handle(synthetic()), published.append))  # no cache yet
     assert len(published) == 1 and "measured" in published[0].source
+
+
+def test_a_measurement_under_load_is_never_published_and_is_tried_again() -> None:
+    """Samples that traffic or another process overlapped are slower than the engine: a model fitted on them
+    would refuse what the engines can serve. Not published; tried again until one is clean."""
+    busy = synthetic()._replace(clean=False, foreign_cores=1.4)
+    p, d = Handle([busy, busy, synthetic()]), Handle([busy, synthetic()])
+    published = []
+    cal = asyncio.run(calibrations(p, d, published.append, delays_s=(0.0,), every_s=0.0, tries=5))
+    assert published == [cal] and cal.coefficients.prefill_a == pytest.approx(TRUE["prefill_a"], rel=1e-3)
+    # prefill unclean twice (decode not asked then), then prefill clean + decode unclean, then both clean
+    assert p.calls == [True, False, False, False, False] and d.calls == [False, False]
+    published.clear()
+    old = synthetic()._replace(prefill=[(n, q, 3 * ms) for n, q, ms in synthetic().prefill])
+    assert asyncio.run(calibrations(Handle(busy, cache=old), Handle(busy, cache=old), published.append,
+                                    delays_s=(), every_s=0.0, tries=3)) == published[0]
+    assert len(published) == 1 and published[0].source == "prefill cache, decode cache"  # the cache stays
+
+
+def test_the_sampler_counts_other_processes_load_and_looks_before_measuring() -> None:
+    """Cores used outside the worker's process tree (here a busy loop that is not our descendant) are
+    seen; a busy box or engine is refused after a look, without a single measured request."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    quiet = sampler._Foreign()
+    time.sleep(0.5)
+    base = quiet.cores()
+    out = subprocess.run(["sh", "-c", f"{sys.executable} -c 'import time\nt=time.time()+20\nwhile time.time()<t: "
+                                      "pass' >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, timeout=10)
+    pid = int(out.stdout.strip())
+    try:
+        assert pid not in sampler_tree()
+        f = sampler._Foreign()
+        time.sleep(1.0)
+        assert f.cores() >= base + 0.6, (base, f.cores())
+        host = FakeHost()
+        host._generate = None  # NOTE: the look must refuse before any request could run
+        t0 = time.monotonic()
+        s = asyncio.run(sampler.measure(host, 1000, foreign_max=0.3))
+        assert not s.clean and s.prefill == [] and s.foreign_cores > 0.3 and time.monotonic() - t0 < 3
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    host = FakeHost()
+    host._pending["chatcmpl-x"] = 50
+    s = asyncio.run(sampler.measure(host, 1000, foreign_max=100.0))
+    assert not s.clean and s.decode == []
+    assert sampler.foreign_limit(1, cpus=2) == 0.5 and sampler.foreign_limit(8, cpus=8) == 0.3
+
+
+def sampler_tree() -> list[int]:
+    import os
+
+    from engine.procs import tree
+    return tree(os.getpid())
 
 
 def test_the_goodput_policy_predicts_with_the_calibrated_model() -> None:
@@ -122,7 +183,7 @@ def test_cache_files_are_written_whole(tmp_path, monkeypatch) -> None:
     s = synthetic()
     sampler.store("k1", s)
     assert sampler.load_cached("k1") == sampler.Samples([tuple(r) for r in s.prefill],
-                                                        [tuple(r) for r in s.decode], 1.0, True)
+                                                        [tuple(r) for r in s.decode], 1.0, True, 0.0)
     assert [p.name for p in (tmp_path / "profiles").iterdir()] == ["k1.json"]  # no temporary left
     (tmp_path / "profiles" / "k2.json").write_text("{\"prefill\": ")  # a torn file reads as absent
     assert sampler.load_cached("k2") is None
