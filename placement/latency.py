@@ -85,8 +85,11 @@ class LatencyModel:
     def __init__(self, terms: Terms, *, tp: int, pp: int, kv_bytes_per_token: int, kv_capacity_tokens: int,
                  same_node_bps: float, cross_node_bps: float, transfer_latency_s: float = 5e-4,
                  label: str = "", shared_weights: bool = False, request_overhead_s: float = 0.0,
-                 stages: PipelineSplit | None = None) -> None:
+                 stages: PipelineSplit | None = None, tokens_per_step: float = 1.0) -> None:
         self.terms = terms
+        # NOTE: output tokens per sequence per engine step (1; E under speculative decoding): the decode
+        # terms are per output token, so an engine step lasts decode_step_time_s x tokens_per_step.
+        self.tokens_per_step = tokens_per_step
         self.tp = tp
         self.pp = pp
         self._kvb = kv_bytes_per_token
@@ -258,7 +261,8 @@ class LatencyModel:
         (Leviathan et al.): each step verifies k+1 tokens per sequence (the per-sequence and per-token
         compute terms grow k+1 times; weights and KV are read once) and yields E = (1 - a^(k+1)) / (1 - a)
         tokens on average. The model's decode step becomes that step's time / E: one step per output token,
-        as the simulator counts. Prefill is unchanged. NOTE: n-gram proposals cost no model time."""
+        as the simulator counts (`tokens_per_step` = E says how long the engine's own step is). Prefill is
+        unchanged. NOTE: n-gram proposals cost no model time."""
         a = min(max(acceptance, 0.0), 0.999)
         tokens = (1 - a ** (k + 1)) / (1 - a)
         t, v = self.terms, k + 1
@@ -269,7 +273,7 @@ class LatencyModel:
                             kv_capacity_tokens=self._kv_cap, same_node_bps=self._same_bps,
                             cross_node_bps=self._cross_bps, transfer_latency_s=self.transfer_latency_s,
                             label=f"{self.label} spec{k}@{a:.2f}", shared_weights=self.shared_weights,
-                            request_overhead_s=self.request_overhead_s, stages=self.stages)
+                            request_overhead_s=self.request_overhead_s, stages=self.stages, tokens_per_step=tokens)
 
     def scaled(self, prefill_k: float, decode_k: float) -> LatencyModel:
         """This instance with every prefill time multiplied by `prefill_k` and every decode step by
@@ -281,7 +285,8 @@ class LatencyModel:
                             kv_capacity_tokens=self._kv_cap, same_node_bps=self._same_bps,
                             cross_node_bps=self._cross_bps, transfer_latency_s=self.transfer_latency_s,
                             label=f"{self.label} x{prefill_k:.3g}/{decode_k:.3g}", shared_weights=self.shared_weights,
-                            request_overhead_s=self.request_overhead_s * prefill_k, stages=self.stages)
+                            request_overhead_s=self.request_overhead_s * prefill_k, stages=self.stages,
+                            tokens_per_step=self.tokens_per_step)
 
     @classmethod
     def from_profile(cls, path: str | Path) -> LatencyModel:

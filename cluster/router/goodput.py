@@ -55,7 +55,8 @@ class GoodputPolicy(Policy):
                  default_ttft_s: float = 2.0, default_tpot_s: float = 0.2, sigma: float = 0.25,
                  admit_probability: float = 0.5, ewma_alpha: float = 0.1, max_prefill_tokens: int = 4096,
                  tie_probability: float = 0.02, affinity_entries: int = 4096, record_refused: bool = False,
-                 disaggregation: str = "always", clock: Callable[[], float] = time.time) -> None:
+                 disaggregation: str = "always", speculative_tokens: int = 0,
+                 clock: Callable[[], float] = time.time) -> None:
         if disaggregation not in ("auto", "always", "never"):
             raise ValueError(f"goodput policy: disaggregation={disaggregation!r} must be auto, always or never")
         self.disaggregation = disaggregation
@@ -74,6 +75,12 @@ class GoodputPolicy(Policy):
                 raise ValueError(f"goodput policy: {name}={v!r} must be in [{lo}, {hi:g}]")
         self.latency = latency
         self.decode_latency = decode_latency or latency
+        if speculative_tokens < 0:
+            raise ValueError(f"goodput policy: speculative_tokens={speculative_tokens!r} must be >= 0")
+        # NOTE: a speculating decode engine (k draft tokens per step) is predicted at the acceptance rate it
+        # reports (LatencyModel.with_speculation); until it reports one, as a plain engine.
+        self.spec_k = speculative_tokens
+        self._spec_lat: dict[float, LatencyModel] = {}
         self.default_ttft_s, self.default_tpot_s = default_ttft_s, default_tpot_s
         self.sigma, self.admit_probability, self.alpha = sigma, admit_probability, ewma_alpha
         self.max_prefill_tokens = max_prefill_tokens
@@ -116,14 +123,27 @@ class GoodputPolicy(Policy):
         corrections were learnt against the old model: they start again from 1."""
         self.latency = self.latency.refitted(coeffs, "calibrated")
         self.decode_latency = self.decode_latency.refitted(coeffs, "calibrated")
+        self._spec_lat.clear()
         for st in self.states.values():
             st.ttft_ratio = st.tpot_ratio = 1.0
             st.dr = st.step_ratio
             st.pstats = st.dstats = None  # NOTE: their cached prediction terms came from the old model
         logger.info("goodput router: latency model calibrated on this machine: %s", coeffs)
 
+    def decode_model(self, s: WorkerStats) -> LatencyModel:
+        """The decode latency model of worker `s`: with speculation at its measured acceptance rate (to 0.01)
+        when the decode pool speculates and the engine has reported one."""
+        if not self.spec_k or s.spec_acceptance is None:
+            return self.decode_latency
+        a = round(s.spec_acceptance, 2)
+        lat = self._spec_lat.get(a)
+        if lat is None:
+            lat = self._spec_lat[a] = self.decode_latency.with_speculation(self.spec_k, a)
+        return lat
+
     def describe(self) -> dict[str, Any]:
         return {"policy": "goodput", "latency_model": self.latency.label, "disaggregation": self.disaggregation,
+                "speculative_tokens": self.spec_k,
                 "placements": dict(self.placements), "predictions": list(self.predictions),
                 "corrections": {w: {"ttft": round(s.ttft_ratio, 3), "tpot": round(s.tpot_ratio, 3)}
                                 for w, s in self.states.items()}}
@@ -217,8 +237,7 @@ class GoodputPolicy(Policy):
             if pt - harm(i) > best_v or (pt - harm(i) == best_v and costs[i] < costs[best_p]):
                 best_p, best_v = i, pt - harm(i)
         # Decode: the lowest TPOT per node (per worker when colocated or guarding the batch there).
-        t, lat, get, cut = self.decode_latency.terms, self.decode_latency, self.states.get, now - self.stale_s
-        xm, xk = t.d_mem_a * (prompt + out // 2), t.d_comp_a * (prompt + out // 2)
+        lat, get, cut, model = self.decode_latency, self.states.get, now - self.stale_s, self.decode_model
         need, ctx_new, avg, inv_om1 = prompt + out, prompt + out // 2, self._avg_out, 1.0 / max(out - 1, 1)
         guard = self.default_tpot_s < req.tpot_slo_s and out > 1  # the batch there has a tighter target
         groups: dict[object, tuple[float, int, float]] = {}
@@ -226,8 +245,8 @@ class GoodputPolicy(Policy):
         for j, s in enumerate(decode):
             st = get(s.worker_id) or self._state(s.worker_id)
             if st.dstats is not s:
-                st.refresh_decode(s, lat, self.alpha, cut, avg)
-            mem, comp = st.sm + xm, st.sk + xk
+                st.refresh_decode(s, model(s), self.alpha, cut, avg)
+            mem, comp = st.sm + st.dma * ctx_new, st.sk + st.dca * ctx_new
             step = ((mem if mem > comp else comp) + st.sf) * st.dr
             if need <= st.free:
                 tpot = step

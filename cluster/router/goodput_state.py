@@ -42,7 +42,7 @@ class WorkerState:
 
     __slots__ = ("ttft_ratio", "tpot_ratio", "step_ratio", "pstats", "dstats", "led", "led_tokens", "q", "n",
                  "run", "step_ts", "base", "extra", "dls", "inc", "inc_kv", "inc_ctx", "b0", "c0", "sm", "sk",
-                 "sf", "free", "kvf", "cap", "dr", "idle_ts", "pidle_ts")
+                 "sf", "free", "kvf", "cap", "dr", "idle_ts", "pidle_ts", "dt", "dma", "dca")
 
     def __init__(self) -> None:
         self.ttft_ratio = self.tpot_ratio = self.step_ratio = 1.0
@@ -58,6 +58,8 @@ class WorkerState:
         self.free = self.kvf = self.cap = self.dr = self.sm = self.sk = self.sf = 0.0
         self.idle_ts = 0.0  # stats time since which the worker has been idle (0: busy)
         self.pidle_ts = 0.0  # the same for its prefill queue
+        self.dt: Terms | None = None  # its decode terms (speculating engines have their own)
+        self.dma = self.dca = 0.0  # their per-context-token memory and compute terms
 
     def refresh_prefill(self, s: WorkerStats, t: Terms, cut: float) -> None:
         """Queue as prediction terms: base = pa*q + pb*sum(l^2) (lengths assumed equal), extra = p_lin*q
@@ -107,7 +109,8 @@ class WorkerState:
         if s.role == "decode" and s.running and len(steps) >= 4 and s.timestamp_s != self.step_ts:
             self.step_ts = s.timestamp_s
             recent = sorted(steps[-8:])
-            model = lat.decode_step_time_s(s.running, s.running_context_tokens)
+            # NOTE: an engine step (what the stats time) yields tokens_per_step tokens per sequence
+            model = lat.decode_step_time_s(s.running, s.running_context_tokens) * lat.tokens_per_step
             if model > 0:
                 ratio = recent[len(recent) // 2] / model
                 self.step_ratio = _ewma(self.step_ratio, ratio / self.step_ratio, alpha)
@@ -127,16 +130,17 @@ class WorkerState:
 
     def set_batch(self, t: Terms, b0: int, c0: int) -> None:
         """Decode step terms for a batch of b0 + 1 requests with c0 + (ours) context tokens."""
-        self.b0, self.c0 = b0, c0
+        self.b0, self.c0, self.dt, self.dma, self.dca = b0, c0, t, t.d_mem_a, t.d_comp_a
         self.sm = t.d_mem_c + t.d_mem_a * c0
         self.sk = t.d_comp_b * (b0 + 1) + t.d_comp_a * c0
         self.sf = t.d_fixed + t.d_lin * (b0 + 1)
 
     def add_decode(self, t: Terms, arrival: float, need: int, ctx: int, avg_out: float) -> None:
+        """A request on its way here; `t`: the decode terms, unless the worker has its own (speculation)."""
         heapq.heappush(self.inc, (arrival, need, ctx))
         self.inc_kv += need
         self.inc_ctx += ctx
-        self.set_batch(t, self.b0 + 1, self.c0 + ctx)
+        self.set_batch(self.dt or t, self.b0 + 1, self.c0 + ctx)
         self.free -= need
         if self.cap != _INF:
             self.kvf = avg_out / max(self.cap - self.free, 1.0)

@@ -204,3 +204,31 @@ def test_a_slowdown_learnt_from_step_times_is_not_learnt_again_from_the_same_req
     p.observe(d, req(), ttft_s=d.predicted_ttft_s, tpot_s=3 * d.predicted_tpot_s)
     st = p.states["d0"]
     assert st.tpot_ratio == pytest.approx(1.0) and st.tpot_ratio * st.step_ratio == pytest.approx(3.0)
+
+
+def test_a_speculating_decode_engine_is_predicted_at_its_measured_acceptance() -> None:
+    """Issue 15: with `speculative_tokens` k, a decode worker that reports an acceptance rate a is predicted
+    with LatencyModel.with_speculation(k, a); its engine steps (each yields E tokens per sequence) are
+    compared with the model's step x E, so a step time that matches the speculative model leaves the
+    step correction at 1 and the TPOT prediction at the speculative one."""
+    spec = LAT.with_speculation(4, 0.8)
+    plain = policy(speculative_tokens=4)(req(300, 64), [pw(0)], [dw(0)])  # no acceptance reported yet
+    assert plain.predicted_tpot_s == pytest.approx(LAT.decode_step_time_s(1, 332))
+    fast = dw(0)._replace(spec_acceptance=0.8)
+    d = policy(speculative_tokens=4)(req(300, 64), [pw(0)], [fast])
+    assert d.predicted_tpot_s == pytest.approx(spec.decode_step_time_s(1, 332))
+    assert d.predicted_tpot_s < 0.6 * plain.predicted_tpot_s and spec.tokens_per_step == pytest.approx(3.3616)
+    # a busy speculating engine whose measured steps are what the speculative model says for an engine step
+    running, ctx = 4, 4 * 400
+    step = spec.decode_step_time_s(running, ctx) * spec.tokens_per_step
+    p = policy(speculative_tokens=4, ewma_alpha=0.5)
+    busy = dw(0, running=running, ctx=ctx, steps=(step,) * 8)._replace(spec_acceptance=0.8)
+    d = p(req(300, 64), [pw(0)], [busy])
+    assert p.states["d0"].step_ratio == pytest.approx(1.0, abs=1e-6)
+    assert d.predicted_tpot_s == pytest.approx(spec.decode_step_time_s(running + 1, ctx + 332))
+    # the same step times read by a policy that does not know the pool speculates: E times too slow
+    q = policy(ewma_alpha=0.5)
+    q(req(300, 64), [pw(0)], [busy])
+    assert q.states["d0"].step_ratio > 1.2
+    with pytest.raises(ValueError, match="speculative_tokens"):
+        policy(speculative_tokens=-1)
