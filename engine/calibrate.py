@@ -19,6 +19,8 @@ import time
 import uuid
 from typing import Any, NamedTuple
 
+from engine.procs import ForeignCores
+
 PREFILL_LENS = (32, 128, 256, 512)
 # NOTE: (batch, context per request): the batch sizes alone would make context tokens proportional to the
 # batch, and the fit could not tell the per-token term from the per-sequence one.
@@ -82,25 +84,6 @@ def foreign_limit(engine_threads: int, cpus: int | None = None) -> float:
     return max(0.3, 0.5 * free)
 
 
-class _Foreign:
-    """Cores used by processes outside this one's tree (the worker and its EngineCore) since creation."""
-
-    def __init__(self) -> None:
-        import os
-
-        from engine.procs import cpu_seconds, machine_busy_s, tree
-
-        self._own = lambda: cpu_seconds(tree(os.getpid()))
-        self._busy = machine_busy_s
-        self.t0, self.own0, self.busy0 = time.monotonic(), self._own(), self._busy()
-
-    def cores(self) -> float:
-        wall = time.monotonic() - self.t0
-        if wall <= 0:
-            return 0.0
-        return max(0.0, (self._busy() - self.busy0) - (self._own() - self.own0)) / wall
-
-
 async def measure(host: Any, vocab: int, prefill_lens: tuple[int, ...] = PREFILL_LENS,
                   decode_points: tuple[tuple[int, int], ...] = DECODE_POINTS, steps: int = DECODE_STEPS,
                   repeats: int = 2, foreign_max: float | None = None) -> Samples:
@@ -108,11 +91,12 @@ async def measure(host: Any, vocab: int, prefill_lens: tuple[int, ...] = PREFILL
     meanwhile (a second engine or a benchmark on the same box slows every sample) before the samples
     count as unclean; None: unchecked."""
     t0 = time.monotonic()
-    foreign = _Foreign() if foreign_max is not None else None
+    foreign = ForeignCores() if foreign_max is not None else None
     if foreign is not None:  # NOTE: a busy box is seen in a second, before any measuring
         await asyncio.sleep(LOOK_S)
-        if not _quiet(host) or foreign.cores() > foreign_max:
-            return Samples([], [], time.monotonic() - t0, False, round(foreign.cores(), 3))
+        seen = foreign.cores()
+        if not _quiet(host) or seen > foreign_max:
+            return Samples([], [], time.monotonic() - t0, False, round(seen, 3))
     room = getattr(host, "max_model_len", 1 << 30) - steps - 4
     prefill_lens = tuple(n for n in prefill_lens if n <= room) or (min(16, room),)
     decode_points = tuple((b, c) for b, c in decode_points if c <= room) or ((1, min(16, room)),)

@@ -55,6 +55,24 @@ def machine_busy_s() -> float:
     return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+class ForeignCores:
+    """Cores used by processes outside this process's tree since creation (`cores()`): the load that other
+    engines, benchmarks or servers on the box put beside ours."""
+
+    def __init__(self) -> None:
+        self.t0, self.own0, self.busy0 = time.monotonic(), self._own(), machine_busy_s()
+
+    @staticmethod
+    def _own() -> float:
+        return cpu_seconds(tree(os.getpid()))
+
+    def cores(self) -> float:
+        wall = time.monotonic() - self.t0
+        if wall <= 0:
+            return 0.0
+        return max(0.0, (machine_busy_s() - self.busy0) - (self._own() - self.own0)) / wall
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -10,8 +10,8 @@ that fits the hardware. Until then the bundled profile serves, so readiness neve
 
 A measurement that serving traffic or another process's load overlapped is too slow, and a model fitted on
 it would refuse requests the engines can serve (a refused request teaches the online corrections nothing):
-it is never published. The controller tries again later, a bounded number of times, and otherwise keeps
-what serves (the cache or the bundled profile, corrected online).
+it is never published. The controller tries again (often at first, then every RETRY_EVERY_S, until one is
+clean) and meanwhile keeps what serves (the cache or the bundled profile, corrected online).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from cluster.config import RouterConfig, SLOConfig
 from cluster.control.calibration import calibrate, calibrations
 from cluster.router import RouteRequest, make_policy
 from engine import calibrate as sampler
+from engine.procs import ForeignCores, tree
 from engine.stats import WorkerStats
 from placement.profile_fit import fit_coefficients
 
@@ -105,7 +106,7 @@ def test_the_sampler_counts_other_processes_load_and_looks_before_measuring() ->
     import sys
     import time
 
-    quiet = sampler._Foreign()
+    quiet = ForeignCores()
     time.sleep(0.5)
     base = quiet.cores()
     out = subprocess.run(["sh", "-c", f"{sys.executable} -c 'import time\nt=time.time()+20\nwhile time.time()<t: "
@@ -113,7 +114,7 @@ def test_the_sampler_counts_other_processes_load_and_looks_before_measuring() ->
     pid = int(out.stdout.strip())
     try:
         assert pid not in sampler_tree()
-        f = sampler._Foreign()
+        f = ForeignCores()
         time.sleep(1.0)
         assert f.cores() >= base + 0.6, (base, f.cores())
         host = FakeHost()
@@ -133,7 +134,6 @@ def test_the_sampler_counts_other_processes_load_and_looks_before_measuring() ->
 def sampler_tree() -> list[int]:
     import os
 
-    from engine.procs import tree
     return tree(os.getpid())
 
 
