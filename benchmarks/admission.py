@@ -135,7 +135,8 @@ def wait_idle(workers: dict[str, tuple[str, Any]], timeout_s: float = 120) -> No
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         stats = [ray.get(h.stats.remote(), timeout=10) for _, h in workers.values()]
-        if all(s.waiting == 0 and s.running == 0 for s in stats):
+        # NOTE: an engine measuring itself (WorkerStats.calibrating) has no serving traffic and gives way to any
+        if all(s.waiting == 0 and s.running == 0 or s.calibrating for s in stats):
             return
         time.sleep(0.5)
     raise RuntimeError(f"workers did not go idle within {timeout_s:.0f}s")

@@ -6,9 +6,11 @@ the machine that serves (cluster/control/calibration.py) rather than read from a
 About 1,100 prompt tokens and ~50 decode steps in all: a few seconds on a small CPU, done in the background
 after the deployment is ready. Rows are what placement.profile_fit.fit_coefficients takes.
 
-Samples count only when nothing else ran: no serving traffic on this engine, and (CPU engines) no more
-than `foreign_limit` cores of other processes on the box, which a second engine, a benchmark or a test's
-reference server would take from every sample (the whole measurement is then unclean, and unused).
+Samples count only when nothing else ran: no serving traffic on this engine (a request that arrives makes
+the measurement give way at once: its own requests are aborted, so calibrating never delays traffic), and
+(CPU engines) no more than `foreign_limit` cores of other processes on the box, which a second engine, a
+benchmark or a test's reference server would take from every sample (the whole measurement is then
+unclean, and unused).
 """
 
 from __future__ import annotations
@@ -50,29 +52,27 @@ def _prompt(n: int, salt: int, vocab: int) -> list[int]:
                                                     for i in range(n - 1)]
 
 
-QUIET_WAIT_S = 2.0  # how long one sample waits for the engine to have no other requests (then runs anyway)
 LOOK_S = 1.0  # how long a measurement first watches the box's other load
+YIELD_POLL_S = 0.01  # how often a running measurement checks for serving traffic (and then gives way)
+
+
+REQUEST_PREFIX = "calib-"  # the request ids of a measurement (WorkerStats.calibrating counts them)
 
 
 def _quiet(host: Any) -> bool:
     """Only our own requests on the engine (serving traffic would inflate every sample)."""
-    return all(r.startswith("calib-") for r in (*host._pending, *host._running_ctx))
-
-
-async def _until_quiet(host: Any) -> bool:
-    deadline = time.monotonic() + QUIET_WAIT_S
-    while not _quiet(host):
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
+    return all(r.startswith(REQUEST_PREFIX) for r in (*host._pending, *host._running_ctx))
 
 
 async def _run(host: Any, ids: list[int], max_tokens: int, stamps: list[float] | None = None) -> None:
-    rid = f"calib-{uuid.uuid4().hex[:8]}"
-    async for out in host._generate(rid, ids, _params(max_tokens)):
-        if stamps is not None and out.outputs and out.outputs[0].token_ids:
-            stamps.append(time.monotonic())
+    from contextlib import aclosing
+
+    rid = f"{REQUEST_PREFIX}{uuid.uuid4().hex[:8]}"
+    # NOTE: aclosing: a measurement that gives way to traffic aborts its engine requests at once
+    async with aclosing(host._generate(rid, ids, _params(max_tokens))) as outs:
+        async for out in outs:
+            if stamps is not None and out.outputs and out.outputs[0].token_ids:
+                stamps.append(time.monotonic())
 
 
 def foreign_limit(engine_threads: int, cpus: int | None = None) -> float:
@@ -84,41 +84,20 @@ def foreign_limit(engine_threads: int, cpus: int | None = None) -> float:
     return max(0.3, 0.5 * free)
 
 
-async def measure(host: Any, vocab: int, prefill_lens: tuple[int, ...] = PREFILL_LENS,
-                  decode_points: tuple[tuple[int, int], ...] = DECODE_POINTS, steps: int = DECODE_STEPS,
-                  repeats: int = 2, foreign_max: float | None = None) -> Samples:
-    """Samples from `host`'s engine. `foreign_max` (CPU engines): the cores other processes may use
-    meanwhile (a second engine or a benchmark on the same box slows every sample) before the samples
-    count as unclean; None: unchecked."""
-    t0 = time.monotonic()
-    foreign = ForeignCores() if foreign_max is not None else None
-    if foreign is not None:  # NOTE: a busy box is seen in a second, before any measuring
-        await asyncio.sleep(LOOK_S)
-        seen = foreign.cores()
-        if not _quiet(host) or seen > foreign_max:
-            return Samples([], [], time.monotonic() - t0, False, round(seen, 3))
-    room = getattr(host, "max_model_len", 1 << 30) - steps - 4
-    prefill_lens = tuple(n for n in prefill_lens if n <= room) or (min(16, room),)
-    decode_points = tuple((b, c) for b, c in decode_points if c <= room) or ((1, min(16, room)),)
+async def _sample(host: Any, vocab: int, prefill_lens: tuple[int, ...], decode_points: tuple[tuple[int, int], ...],
+                  steps: int, repeats: int) -> tuple[list, list]:
     salt = int(time.time()) % 100_000
     await _run(host, _prompt(16, salt, vocab), 2)  # NOTE: warm-up
-    clean = True
     prefill = []
     for n in prefill_lens:
         times = []
-        for r in range(repeats + 2):  # NOTE: two spare tries for samples that traffic overlapped
-            if len(times) == repeats:
-                break
-            quiet = await _until_quiet(host)
+        for r in range(repeats):
             t = time.monotonic()
             await _run(host, _prompt(n, salt + 13 * n + r, vocab), 1)
-            if quiet and _quiet(host) or r >= repeats + 1:
-                times.append((time.monotonic() - t) * 1e3)
-                clean = clean and quiet and _quiet(host)
+            times.append((time.monotonic() - t) * 1e3)
         prefill.append((float(n), float(n * n), min(times)))
     decode = []
     for b, context in decode_points:
-        clean = await _until_quiet(host) and clean
         stamps: list[list[float]] = [[] for _ in range(b)]
         await asyncio.gather(*(_run(host, _prompt(context, salt + 1000 * b + i, vocab), steps + 2, stamps[i])
                                for i in range(b)))
@@ -127,9 +106,40 @@ async def measure(host: Any, vocab: int, prefill_lens: tuple[int, ...] = PREFILL
         gaps = [y - x for x, y in zip(stamps[0], stamps[0][1:], strict=False) if x >= start]
         if gaps:
             decode.append((float(b), float(b * (context + 1 + steps / 2)), statistics.median(gaps) * 1e3))
-        clean = clean and _quiet(host)
+    return prefill, decode
+
+
+async def measure(host: Any, vocab: int, prefill_lens: tuple[int, ...] = PREFILL_LENS,
+                  decode_points: tuple[tuple[int, int], ...] = DECODE_POINTS, steps: int = DECODE_STEPS,
+                  repeats: int = 2, foreign_max: float | None = None) -> Samples:
+    """Samples from `host`'s engine, on an engine without serving traffic: a serving request that arrives
+    meanwhile makes the measurement give way at once (its requests aborted, within an engine step; the
+    samples unclean, unused), so calibrating never delays traffic. `foreign_max` (CPU engines): the cores
+    other processes may use meanwhile (a second engine or a benchmark on the same box slows every sample)
+    before the samples count as unclean; None: unchecked."""
+    t0 = time.monotonic()
+    foreign = ForeignCores() if foreign_max is not None else None
+    if foreign is not None:  # NOTE: a busy box is seen in a second, before any measuring
+        await asyncio.sleep(LOOK_S)
+    seen = 0.0 if foreign is None else foreign.cores()
+    if not _quiet(host) or foreign_max is not None and seen > foreign_max:
+        return Samples([], [], time.monotonic() - t0, False, round(seen, 3))
+    room = getattr(host, "max_model_len", 1 << 30) - steps - 4
+    prefill_lens = tuple(n for n in prefill_lens if n <= room) or (min(16, room),)
+    decode_points = tuple((b, c) for b, c in decode_points if c <= room) or ((1, min(16, room)),)
+    body = asyncio.ensure_future(_sample(host, vocab, prefill_lens, decode_points, steps, repeats))
+    try:
+        while not body.done() and _quiet(host):
+            await asyncio.wait({body}, timeout=YIELD_POLL_S)
+    finally:
+        if not body.done():  # serving traffic arrived (or this call was cancelled): give way
+            body.cancel()
+            await asyncio.gather(body, return_exceptions=True)
     others = 0.0 if foreign is None else foreign.cores()
-    clean = clean and (foreign_max is None or others <= foreign_max)
+    if body.cancelled():
+        return Samples([], [], time.monotonic() - t0, False, round(others, 3))
+    prefill, decode = body.result()
+    clean = foreign_max is None or others <= foreign_max
     return Samples(prefill, decode, time.monotonic() - t0, clean, round(others, 3))
 
 

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from engine.calibrate import REQUEST_PREFIX
 from engine.config import EngineConfig
 from engine.stats import WorkerStats
 
@@ -141,6 +142,8 @@ class EngineHost:
             "max_model_len": self.max_model_len,
             "block_size": self.block_size,
             "block_bytes": self.block_bytes,
+            # NOTE: the engine's own step budget (vLLM picks one where the config leaves it unset)
+            "max_num_batched_tokens": self.engine.vllm_config.scheduler_config.max_num_batched_tokens,
             "kv_capacity_tokens": self.num_gpu_blocks * self.block_size,
             "device": self.device,
             "startup_s": self.startup_s,
@@ -163,6 +166,7 @@ class EngineHost:
             healthy=not self.engine.errored,
             timestamp_s=time.time(),
             spec_acceptance=round(t.spec_accepted / t.spec_drafted, 4) if t.spec_drafted else None,
+            calibrating=sum(r.startswith(REQUEST_PREFIX) for r in (*self._pending, *self._running_ctx)),
         )
 
     def totals_snapshot(self) -> dict[str, Any]:

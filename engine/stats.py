@@ -25,3 +25,6 @@ class WorkerStats(NamedTuple):
     healthy: bool = True
     timestamp_s: float = 0.0
     spec_acceptance: float | None = None  # accepted / proposed draft tokens so far (speculating engines only)
+    # NOTE: requests of the engine's own latency measurement (engine/calibrate.py; in waiting/running too);
+    # it runs only while no serving request does and gives way to the first that arrives
+    calibrating: int = 0

@@ -149,7 +149,8 @@ class PlannerLoop:
         lo = Sizes(0 if self.colocated else c.min_prefill, c.min_decode)
         settings = LoopSettings(min=lo, max=Sizes(0 if self.colocated else c.max_prefill, c.max_decode),
                                 down_after=c.down_after, cooldown_s=c.cooldown_s, up_cooldown_s=c.up_cooldown_s,
-                                max_prefill_tokens=self.ctl.cfg.engine.max_num_batched_tokens,
+                                max_prefill_tokens=self.ctl.token_budget("colocated" if self.colocated else "prefill")
+                                or LoopSettings.max_prefill_tokens,
                                 colocated=self.colocated, max_probe_requests=LIVE_PROBE_REQUESTS)
         old = self._replanner
         self._replanner = Replanner(p_lat, d_lat, self.ctl.cfg.slo.spec(), settings)

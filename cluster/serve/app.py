@@ -36,7 +36,8 @@ def make_services(cfg: DeployConfig, controller: Any, metrics: Metrics, busy: An
     spec = cfg.pool_engines.apply("decode" if cfg.mode != "colocated" else "colocated", cfg.engine).speculative
     policy = make_policy(cfg.router.policy, router_cfg=cfg.router, slo=cfg.slo,
                          prefill_tp=pools and pools.prefill_tp, decode_tp=pools and pools.decode_tp,
-                         max_prefill_tokens=cfg.engine.max_num_batched_tokens,
+                         max_prefill_tokens=cfg.pool_engines.apply(
+                             "prefill" if cfg.mode != "colocated" else "colocated", cfg.engine).max_num_batched_tokens,
                          speculative_tokens=spec.num_speculative_tokens if spec is not None else 0)
 
     def on_stats(s: Any) -> None:

@@ -52,13 +52,17 @@ def _decoders(endpoint: str) -> int:
     return sum(w["role"] == "decode" for w in httpx.get(f"{endpoint}/v1/stats", timeout=10).json()["workers"])
 
 
-def _wait(cond, timeout_s: float, what: str) -> None:
+def _wait(cond, timeout_s: float, what: str, endpoint: str | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if cond():
             return
         time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
+    seen = ""
+    if endpoint is not None:  # NOTE: what the loop decided and did, so a failure says where it stopped
+        st = httpx.get(f"{endpoint}/v1/stats", timeout=10).json()
+        seen = f"; workers {[(w['worker_id'], w['role']) for w in st['workers']]}; planner {st['planner']}"
+    pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}{seen}")
 
 
 def test_the_loop_grows_under_load_and_shrinks_after_without_a_failed_request(planned):
@@ -81,11 +85,11 @@ def test_the_loop_grows_under_load_and_shrinks_after_without_a_failed_request(pl
     for t in threads:
         t.start()
     try:
-        _wait(lambda: _decoders(endpoint) == 2, 240, "the loop to grow the decode pool to 2")
+        _wait(lambda: _decoders(endpoint) == 2, 240, "the loop to grow the decode pool to 2", endpoint)
         # NOTE: the grow is in the loop's actions (recorded once scale() returns, seen here with the next
         # report); the latest decision may already want fewer (a window in which no request arrived)
         _wait(lambda: ("decode", 1, 2, "done") in [(a["role"], a["from"], a["to"], a["outcome"])
-                                                   for a in _planner(endpoint)["actions"]], 30, "the grow action")
+                                                   for a in _planner(endpoint)["actions"]], 30, "the grow action", endpoint)
         st = _planner(endpoint)
         assert st["mode"] == "on" and st["decision"]["target"]["prefill"] == 1  # max_prefill bounds what it sets
         time.sleep(2)  # the grown pool serves some of the load
@@ -94,12 +98,12 @@ def test_the_loop_grows_under_load_and_shrinks_after_without_a_failed_request(pl
         for t in threads:
             t.join(180)
     grown = len(results)
-    _wait(lambda: _decoders(endpoint) == 1, 120, "the loop to shrink the decode pool back to 1")
+    _wait(lambda: _decoders(endpoint) == 1, 120, "the loop to shrink the decode pool back to 1", endpoint)
 
     def acts() -> list[tuple]:
         return [(a["role"], a["from"], a["to"], a["outcome"]) for a in _planner(endpoint)["actions"]]
     # NOTE: the worker leaves routing first; the action is recorded once it drained and stopped
-    _wait(lambda: ("decode", 2, 1, "done") in acts(), 90, "the drained worker to stop")
+    _wait(lambda: ("decode", 2, 1, "done") in acts(), 90, "the drained worker to stop", endpoint)
     assert ("decode", 1, 2, "done") in acts(), acts()
     assert grown > 10 and set(results) == {200}, {c: results.count(c) for c in set(results)}
     # the endpoint still serves on the pool the loop left, and exports the loop's view

@@ -178,6 +178,41 @@ def test_samples_wait_for_an_engine_without_serving_traffic() -> None:
     assert not sampler._quiet(host)
 
 
+def test_a_measurement_gives_way_to_serving_traffic_at_once() -> None:
+    """A request that arrives while the engine measures itself must not wait for the measurement: the
+    sampler aborts its own requests within a poll and reports the samples unclean."""
+    import time
+
+    class SlowHost(FakeHost):
+        def __init__(self) -> None:
+            super().__init__()
+            self.closed: list[str] = []
+
+        async def _generate(self, rid, ids, params):
+            self._running_ctx[rid] = len(ids)
+            try:
+                for _ in range(1000):  # NOTE: bounded: ~10 s if nothing gave way
+                    await asyncio.sleep(0.01)
+                    yield None
+            finally:
+                self._running_ctx.pop(rid, None)
+                self.closed.append(rid)
+
+    async def main() -> tuple:
+        host = SlowHost()
+        task = asyncio.ensure_future(sampler.measure(host, 1000))
+        await asyncio.sleep(0.3)
+        assert host._running_ctx and all(r.startswith("calib-") for r in host._running_ctx)
+        host._pending["chatcmpl-y"] = 40  # serving traffic arrives
+        t0 = time.monotonic()
+        s = await asyncio.wait_for(task, 5)
+        return s, time.monotonic() - t0, host
+
+    s, waited, host = asyncio.run(main())
+    assert not s.clean and s.prefill == [] and waited < 0.5, (s, waited)
+    assert host.closed and not host._running_ctx  # its engine requests were ended, not left to run
+
+
 def test_cache_files_are_written_whole(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("SAAF_CACHE_DIR", str(tmp_path))
     s = synthetic()

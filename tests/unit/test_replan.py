@@ -190,3 +190,22 @@ def test_speculation_divides_a_memory_bound_step_by_the_tokens_it_yields(lat: La
     gain_small = plain / good
     gain_big = lat.decode_step_time_s(big, big * ctx) / lat.with_speculation(4, 0.8).decode_step_time_s(big, big * ctx)
     assert gain_big < gain_small
+
+
+def test_the_live_loop_plans_with_the_engines_own_step_budget() -> None:
+    """engine.max_num_batched_tokens unset (the default): the loop sizes with the budget the engines report
+    (vLLM picks one), and a window whose requests queue is sized (every such tick raised TypeError before)."""
+    from cluster.config import parse_config
+    from cluster.control.pools import PoolController
+
+    cfg = parse_config({"name": "t", "mode": "disaggregated", "engine": {"model": "smollm2"},
+                        "pools": {"prefill": 1, "decode": 1}, "slo": {"ttft_ms": 2000, "tpot_ms": 150},
+                        "planner_loop": {"mode": "advisory", "max_prefill": 4, "max_decode": 4}})
+    assert cfg.engine.max_num_batched_tokens is None
+    ctl = PoolController(cfg.model_dump(mode="json"))
+    for wid, role in (("prefill-0", "prefill"), ("decode-0", "decode")):
+        ctl.workers[wid] = {"role": role, "handle": None, "state": "ready", "info": {"max_num_batched_tokens": 2048}}
+    rp = ctl.planner.replanner()
+    assert rp.settings.max_prefill_tokens == 2048
+    d = rp.step(window(0, 4.0, np.random.default_rng(0), prompt=(200, 600), length_s=10.0), Sizes(1, 1))
+    assert d.target.prefill > 1  # 4 req/s of 200-600-token prompts queue on one CPU prefill engine
