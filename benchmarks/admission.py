@@ -129,6 +129,25 @@ def summary(rs: list[dict], targets: dict[str, float]) -> dict[str, Any]:
             "refusal_e2e_max_s": round(max(r["e2e"] for r in refused), 3) if refused else None}
 
 
+def wait_calibrated(endpoint: str, timeout_s: float = 180) -> dict[str, Any]:
+    """The deployment's `/v1/stats` calibration once its router latency model was measured on its own engines.
+
+    NOTE: the controller starts measuring once an ingress that predicts (goodput) is up, and measures only
+    on a quiet box (cluster/control/calibration.py), trying every 10 s at first, then every 2 minutes:
+    here, while this waits and nothing else runs. Until then the router
+    predicts with the bundled profile, fitted on another machine (on a slower CPU it underestimates how a
+    decode step grows with the batch, and admission admits a burst it cannot serve in time)."""
+    deadline = time.monotonic() + timeout_s
+    cal = None
+    while time.monotonic() < deadline:
+        cal = httpx.get(f"{endpoint}/v1/stats", timeout=10).json().get("calibration")
+        if cal and "measured" in cal.get("source", ""):
+            return cal
+        time.sleep(1.0)
+    raise RuntimeError(f"the router's latency model was not measured on the engines within {timeout_s:.0f}s "
+                       f"(last: {cal}): was the box busy all along?")
+
+
 def wait_idle(workers: dict[str, tuple[str, Any]], timeout_s: float = 120) -> None:
     import ray
 
@@ -150,6 +169,7 @@ def run(deployment: dict[str, Any], workers: dict[str, tuple[str, Any]], n: int)
     wait_idle(workers)
     with ingress(deployment, "bench-adm", "/adm", ADMISSION_ROUTER,
                  slo=deployment["config"].slo.model_copy(update=targets)) as url:
+        wait_calibrated(url)  # NOTE: this goodput ingress asked the controller for it when it came up
         for i in range(4):  # NOTE: what any deployment that has served traffic has: online corrections
             one(url, model, " ".join(f"warm{i}x{k}" for k in range(30)), None)
         on = burst(url, model, n, 2, targets)

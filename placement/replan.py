@@ -164,6 +164,14 @@ class Replanner:
         self._changed_at = -math.inf
         self.decisions: list[Decision] = []
 
+    def set_decode_model(self, lat: LatencyModel) -> None:
+        """A new decode model (colocated: the one engine's): e.g. a speculating pool's at a newly measured
+        acceptance rate. The TPOT correction learnt against the old one starts again."""
+        self.decode_lat = lat
+        if self.settings.colocated:
+            self.prefill_lat = lat
+        self.tpot_corr, self._corrected = 1.0, None
+
     # ---- one interval ------------------------------------------------------------------------------
     def step(self, window: TrafficWindow, current: Sizes) -> Decision:
         self._windows.append(window)

@@ -67,6 +67,8 @@ class PlannerLoop:
         self._scaling: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
         self.requested: list[dict[str, float]] | None = None
+        self.acceptance: float | None = None  # a speculating decode pool's measured acceptance rate
+        self._base_decode: Any = None
 
     # ---- what the ingress replicas call (through the controller) ----------------------------------
     def report(self, windows: list[TrafficWindow]) -> dict[str, Any]:
@@ -78,7 +80,8 @@ class PlannerLoop:
         return {"mode": self.cfg.mode, "interval_s": self.cfg.interval_s,
                 "decision": None if self.last is None else self.last.as_dict(), "error": self.error,
                 "scaling": self._scaling is not None and not self._scaling.done(),
-                "actions": self.actions[-20:], "requested_resources": self.requested}
+                "actions": self.actions[-20:], "requested_resources": self.requested,
+                "speculative_acceptance": self.acceptance}
 
     # ---- the loop ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -115,9 +118,7 @@ class PlannerLoop:
         self._windows, self._since = [], now
         current = self.sizes()
         rp = self.replanner()
-        # NOTE: a speculating decode pool is planned on the plain model (its online TPOT correction covers the
-        # speed-up); wiring in LatencyModel.with_speculation at the measured acceptance kept the live test's
-        # pool from shrinking back (cause not found; see the issue-15 note)
+        await self._speculation(rp)
         # NOTE: sizing runs a few hundred simulated requests per probe: in a thread, so the controller keeps
         # answering membership and health calls meanwhile.
         d = await asyncio.to_thread(rp.step, window, current)
@@ -153,6 +154,7 @@ class PlannerLoop:
                                 or LoopSettings.max_prefill_tokens,
                                 colocated=self.colocated, max_probe_requests=LIVE_PROBE_REQUESTS)
         old = self._replanner
+        self._base_decode, self.acceptance = d_lat, None
         self._replanner = Replanner(p_lat, d_lat, self.ctl.cfg.slo.spec(), settings)
         if old is not None:  # NOTE: the traffic history stays; corrections learnt against the old model do not
             self._replanner.forecaster = old.forecaster
@@ -160,6 +162,28 @@ class PlannerLoop:
             self._replanner._changed_at = old._changed_at
         self._cal_version = version
         return self._replanner
+
+    async def _speculation(self, rp: Replanner) -> None:
+        """A speculating decode pool: its model's decode step divided by the tokens a step yields at the
+        acceptance rate its engines report (LatencyModel.with_speculation), as the router predicts it. Until
+        they report one, the plain model (the online TPOT correction covers the difference meanwhile)."""
+        role = "colocated" if self.colocated else "decode"
+        spec = self.ctl.engine_for(role).speculative
+        if spec is None:
+            return
+        handles = [w["handle"] for w in self.ctl.workers.values() if w["role"] == role and w["state"] == "ready"]
+        got = await asyncio.gather(*(asyncio.wait_for(h.stats.remote(), timeout=5) for h in handles),
+                                   return_exceptions=True)
+        rates = [g.spec_acceptance for g in got if getattr(g, "spec_acceptance", None) is not None]
+        if not rates:
+            return
+        a = round(sum(rates) / len(rates), 2)
+        if a == self.acceptance:
+            return
+        self.acceptance = a
+        rp.set_decode_model(self._base_decode.with_speculation(spec.num_speculative_tokens, a))
+        logger.info("planner loop: the %s pool speculates %d tokens at a measured acceptance of %.2f", role,
+                    spec.num_speculative_tokens, a)
 
     def bundles(self, target: Sizes) -> list[dict[str, float]]:
         roles = {"colocated": target.decode} if self.colocated else {"prefill": target.prefill,
