@@ -165,6 +165,14 @@ class SearchSpec(_Strict):
                                                                "every running decode (vLLM 0.2, DistServe's baseline)")
 
 
+class SpeculationSpec(_Strict):
+    tokens: int = Field(ge=1, le=16, description="draft tokens proposed per decode step (vLLM "
+                                                 "num_speculative_tokens)")
+    acceptance: float = Field(ge=0, lt=1, description="measured probability that a draft token is accepted: "
+                                                      "python -m benchmarks.speculation prints it for a "
+                                                      "traffic sample; running engines report spec_acceptance")
+
+
 class PlannerConfig(_Strict):
     model: ModelSpec = Field(description="the model to serve")
     hardware: HardwareSpec = Field(description="accelerator catalog name or measured profile")
@@ -173,6 +181,9 @@ class PlannerConfig(_Strict):
     slo: SLOSpec = Field(description="latency targets")
     latency: LatencySpec = Field(LatencySpec(), description="latency model knobs and coefficients")
     search: SearchSpec = Field(SearchSpec(), description="search space and simulation size")
+    speculation: SpeculationSpec | None = Field(None, description="the decode (and colocated) engines speculate: "
+                                                                  "their decode steps are modelled by "
+                                                                  "LatencyModel.with_speculation")
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:

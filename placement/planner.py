@@ -134,7 +134,10 @@ def make_plan(cfg: PlannerConfig) -> PlacementPlan:
             sizes[n] = Workload.from_spec(cfg.workload, n, s.seed, ctx.max_context)
         return sizes[n]
 
-    dec = [PhaseChoice(lat, decode_goodput(lat, wl, slo, workload_for)) for lat in cands]
+    sp = cfg.speculation
+    # NOTE: speculation changes decode steps only (prefill emits one token): decode and colocated candidates
+    decs = [lat.with_speculation(sp.tokens, sp.acceptance) for lat in cands] if sp is not None else cands
+    dec = [PhaseChoice(lat, decode_goodput(lat, wl, slo, workload_for)) for lat in decs]
     for c in pre + dec:
         logger.info("%s: prefill/decode goodput %.3f req/s (%.3f per GPU)", c.lat, c.goodput.rate_rps,
                     c.goodput.per_gpu)
@@ -142,7 +145,7 @@ def make_plan(cfg: PlannerConfig) -> PlacementPlan:
     if s.colocated_baseline:
         colo = best_by_per_gpu([PhaseChoice(lat, colocated_goodput(lat, wl, slo, s.max_prefill_tokens,
                                                                    s.colocated_chunked_prefill))
-                                for lat in cands if lat.pp == 1] or [PhaseChoice(cands[0], pre[0].goodput)])
+                                for lat in decs if lat.pp == 1] or [PhaseChoice(cands[0], pre[0].goodput)])
     w = cfg.workload
     rates: list[float | None]
     if w.rate_sweep is not None:
@@ -151,6 +154,10 @@ def make_plan(cfg: PlannerConfig) -> PlacementPlan:
     else:
         rates = [w.rate_rps]
     plans = [_size(ctx, wl, algo, pre, dec, colo, r) for r in rates]
+    if sp is not None:
+        for p in plans:
+            p.notes.append(f"decode speculates {sp.tokens} tokens per step at acceptance {sp.acceptance:g} "
+                           f"({decs[0].tokens_per_step:.2f} tokens per step)")
     plan = plans[-1]
     plan.candidates = [_cand(role, c) for role, cs in (("prefill", pre), ("decode", dec)) for c in cs]
     if colo is not None:

@@ -14,9 +14,27 @@ def plan_for(cfg: DeployConfig) -> tuple[Any, str]:
     if cfg.planner is None or isinstance(cfg.planner, str):
         raise ConfigError("pools: auto needs a 'planner' section; load the config with load_config()")
     try:
-        plan = make_plan(parse_planner_config(cfg.planner, "planner"))
+        pc = parse_planner_config(cfg.planner, "planner")
     except PlacementError as e:
         raise ConfigError(f"planner: {e}") from None
+    role = "colocated" if cfg.mode == "colocated" else "decode"
+    spec = cfg.pool_engines.apply(role, cfg.engine).speculative
+    note = None
+    if spec is not None and pc.speculation is None:
+        note = (f"the {role} engines speculate ({spec.num_speculative_tokens} tokens) but planner.speculation is "
+                "not given: planned as plain engines; give planner.speculation {tokens, acceptance} (python -m "
+                "benchmarks.speculation measures the acceptance on a traffic sample)")
+    elif pc.speculation is not None and (spec is None or spec.num_speculative_tokens != pc.speculation.tokens):
+        raise ConfigError(f"planner.speculation.tokens={pc.speculation.tokens} but the {role} engines speculate "
+                          f"{spec.num_speculative_tokens if spec else 0} tokens ("
+                          f"{'pool_engines.decode' if role == 'decode' else 'engine'}.speculative."
+                          "num_speculative_tokens): plan for what the engines run")
+    try:
+        plan = make_plan(pc)
+    except PlacementError as e:
+        raise ConfigError(f"planner: {e}") from None
+    if note is not None:
+        plan.notes.append(note)
     return plan, format_plan(plan)
 
 

@@ -96,7 +96,7 @@ def test_fabric_check_runs_where_engines_can_sit_on_different_nodes() -> None:
     assert not wants_fabric_check(parse_config({"transfer": {"fabric_check": False}}), two)
 
 
-def _auto_deploy(tmp_path, slo: dict | None, planner_slo: dict | None):
+def _auto_deploy(tmp_path, slo: dict | None, planner_slo: dict | None, **extra):
     import shutil
 
     from cluster.config import load_config
@@ -108,7 +108,8 @@ def _auto_deploy(tmp_path, slo: dict | None, planner_slo: dict | None):
         plan.pop("slo")
     else:
         plan["slo"] = planner_slo
-    data = {"pools": "auto", "planner": plan} | ({"slo": slo} if slo is not None else {})
+    plan.update(extra.pop("planner_extra", {}))
+    data = {"pools": "auto", "planner": plan} | ({"slo": slo} if slo is not None else {}) | extra
     path = tmp_path / "deploy.yaml"
     path.write_text(yaml.safe_dump(data))
     return load_config(path, check_paths=False)
@@ -143,3 +144,19 @@ def test_cpu_kv_caches_that_cannot_fit_the_nodes_memory_are_refused_before_start
     with pytest.raises(ConfigError, match="2048 MiB, 2048 MiB"):  # each engine needs one node that holds it
         check_cpu_memory(cfg, sizes, [{"memory": 2 << 30}, {"memory": 2 << 30}])
     check_cpu_memory(cfg, sizes, [{"memory": 5 << 30}, {"memory": 5 << 30}])
+
+
+def test_the_deploy_time_planner_plans_the_speculation_the_decode_pool_runs(tmp_path):
+    from cluster.control.planning import plan_for
+
+    spec = {"pool_engines": {"decode": {"speculative": {"num_speculative_tokens": 3}}}}
+    plain, _ = plan_for(_auto_deploy(tmp_path / "a", None, None))
+    # the pool speculates, the acceptance is not given: planned as plain engines, and the plan says so
+    unsure, text = plan_for(_auto_deploy(tmp_path / "b", None, None, **spec))
+    assert unsure.tpot_s == plain.tpot_s and "planner.speculation is not given" in text
+    sure, text = plan_for(_auto_deploy(tmp_path / "c", None, None, planner_extra={
+        "speculation": {"tokens": 3, "acceptance": 0.7}}, **spec))
+    assert sure.tpot_s < plain.tpot_s and "speculates 3 tokens" in text
+    with pytest.raises(ConfigError, match="planner.speculation.tokens=4 but the decode engines speculate 3"):
+        plan_for(_auto_deploy(tmp_path / "d", None, None, planner_extra={
+            "speculation": {"tokens": 4, "acceptance": 0.7}}, **spec))

@@ -107,3 +107,26 @@ def test_yaml_examples_load() -> None:
         c = load_planner_config(p)
         assert c.slo.attainment > 0
         assert yaml.safe_load(p.read_text())["model"]["name"] == c.model.name
+
+
+def test_speculation_changes_the_decode_pool_by_its_acceptance() -> None:
+    """planner.speculation: decode steps modelled by LatencyModel.with_speculation. Drafts that are mostly
+    accepted (E ~2.95 tokens per step) make decode cheaper than plain, drafts that are mostly refused
+    (E ~1.05 while every step verifies 4 tokens) no cheaper; prefill is not touched."""
+    def plan(spec: dict | None):
+        c = cfg(workload__rate_rps=20.0)
+        if spec is not None:
+            c["speculation"] = spec
+        return make_plan(parse_planner_config(c))
+
+    plain, good, bad = plan(None), plan({"tokens": 3, "acceptance": 0.8}), plan({"tokens": 3, "acceptance": 0.05})
+    def tp1(p, role: str) -> dict:
+        return next(c for c in p.candidates if c["role"] == role and c["tp"] == 1)
+
+    assert tp1(good, "decode")["goodput_rps"] > 1.3 * tp1(plain, "decode")["goodput_rps"]
+    assert tp1(bad, "decode")["goodput_rps"] <= tp1(plain, "decode")["goodput_rps"]
+    assert tp1(good, "prefill") == tp1(plain, "prefill") == tp1(bad, "prefill")
+    assert good.decode.instances <= plain.decode.instances <= bad.decode.instances
+    assert any("speculates 3 tokens" in n for n in good.notes)
+    with pytest.raises(PlacementError, match="speculation.acceptance"):
+        parse_planner_config(dict(cfg(), speculation={"tokens": 3, "acceptance": 1.0}))
