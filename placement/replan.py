@@ -38,6 +38,7 @@ from placement.workload import Request, Workload, unit_gaps
 
 SAMPLE = 400  # lengths kept per merged window
 MIN_REQUESTS, MAX_REQUESTS = 200, 3000  # simulated per sizing probe (lengths resampled from recent windows)
+MAX_HIT_RATE = 0.95  # prefix-cache hits the model counts at most (a prompt's last token is always computed)
 LIFETIMES = 4  # a probe spans at least this many request lifetimes, so decode reaches its steady state
 MAX_PROBES = 24  # per pool per step: sizing is bounded whatever the traffic
 
@@ -94,6 +95,7 @@ class Decision(NamedTuple):
     tpot_correction: float
     forecast_error: float | None  # |forecast made for this window - observed| / observed
     reason: str
+    prefix_hit_rate: float = 0.0  # of the recent windows' prompt tokens, as the model counts it
 
     def as_dict(self) -> dict[str, object]:
         d = self._asdict()
@@ -158,7 +160,7 @@ class Replanner:
         self.forecaster = Forecaster(s.alpha, s.beta)
         self.ttft_corr = 1.0
         self.tpot_corr = 1.0
-        self._corrected: tuple[tuple[float, float], LatencyModel, LatencyModel] | None = None
+        self._corrected: tuple[tuple[float, ...], LatencyModel, LatencyModel] | None = None
         self._windows: deque[TrafficWindow] = deque(maxlen=max(1, s.history))
         self._recent: deque[Sizes] = deque(maxlen=max(1, s.down_after))
         self._changed_at = -math.inf
@@ -200,7 +202,7 @@ class Replanner:
         d = Decision(window.end_s, round(window.rate_rps, 4), round(forecast, 4), wanted, target, current,
                      round(att, 4), round(att * rate, 4), round(self.ttft_corr, 4), round(self.tpot_corr, 4),
                      None if self.forecaster.error is None else round(self.forecaster.error, 4),
-                     f"{reason}; {why}")
+                     f"{reason}; {why}", round(self.prefix_hit_rate(), 4))
         self.decisions.append(d)
         del self.decisions[:-500]
         return d
@@ -257,11 +259,24 @@ class Replanner:
     def _targets(self) -> tuple[float, float]:
         return self.slo.ttft_s, self.slo.tpot_s
 
+    def prefix_hit_rate(self) -> float:
+        """The share of prompt tokens the engines served from their prefix caches over the recent windows
+        (0 until they report any), at most MAX_HIT_RATE."""
+        prompt = sum(w.prompt_tokens for w in self._windows)
+        return min(MAX_HIT_RATE, sum(w.cached_tokens for w in self._windows) / prompt) if prompt else 0.0
+
     def models(self) -> tuple[LatencyModel, LatencyModel]:
-        """The latency models corrected by what the serving machine measured."""
-        k = (self.ttft_corr, self.tpot_corr)
+        """The latency models corrected by what the serving machine measured, with prefill work cut by the
+        prefix-cache hit rate the engines report: a cached prefix is not computed again. NOTE: first order
+        (the uncached tokens' attention over the cached ones is not counted); the TTFT correction, learnt
+        against this model, takes up the rest. Modelled, not folded into the correction, so a shift in the
+        hit rate (multi-turn chat giving way to fresh documents) moves the plan at once."""
+        hit = round(self.prefix_hit_rate(), 3)
+        k = (self.ttft_corr, self.tpot_corr, hit)
         if self._corrected is None or self._corrected[0] != k:
-            self._corrected = (k, self.prefill_lat.scaled(*k), self.decode_lat.scaled(*k))
+            pk = self.ttft_corr * (1.0 - hit)
+            self._corrected = (k, self.prefill_lat.scaled(pk, self.tpot_corr),
+                               self.decode_lat.scaled(pk, self.tpot_corr))
         return self._corrected[1], self._corrected[2]
 
     def _sim(self, reqs: Sequence[Request], sizes: Sizes, mode: str = "both"):

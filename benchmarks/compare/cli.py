@@ -234,17 +234,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from benchmarks.report import ProgressLine
 
-    port = args.port or free_port()
     budget = QuietBudget(float(args.quiet_wait), args.retries)
     opts = RunOptions(slo=slo, request_timeout_s=args.request_timeout, foreign_limit=args.foreign_limit,
                       reset_affinity=args.engine_affinity == "all", probe_requests=args.probe_requests,
                       probe_input_len=args.input_len or (1536 if args.workload == "longdoc" else 256),
                       quality=not args.no_quality, out_dir=out_dir, prog=" ".join(PROG),
                       progress=None if args.no_progress else ProgressLine(), say=_say)
-    base = base_config(args, port)
     with embedded_ray(NAMESPACE):
+        # NOTE: each deployment's port picked just before it starts, after Ray's own processes took theirs
+        # (one picked before Ray started was once taken by then, and the run failed)
         parts, failure = run_in_turn([shape_variant(args, m) for m in modes], lambda v: run_variant(
-            v.name, InProcessDeployment(v.config(base)), steps, opts, budget))
+            v.name, InProcessDeployment(v.config(base_config(args, args.port or free_port()))), steps, opts,
+            budget))
 
     records: dict[str, dict[float, list[dict[str, Any]]]] = {}
     for mode, part in parts.items():

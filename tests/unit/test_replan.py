@@ -241,3 +241,23 @@ def test_the_live_loop_plans_a_speculating_pool_at_its_measured_acceptance() -> 
     assert loop.acceptance == 0.6 and rp.tpot_corr == 1.0 and rp.decode_lat.tokens_per_step > 1
     assert rp.decode_lat.decode_step_time_s(4, 1600) < plain.decode_step_time_s(4, 1600)
     assert rp.prefill_lat is not rp.decode_lat and loop.status()["speculative_acceptance"] == 0.6
+
+
+def test_prefix_cache_hits_the_engines_report_shrink_the_prefill_pool(lat: LatencyModel) -> None:
+    """Windows whose engines served 80% of the prompt tokens from their prefix caches: the loop plans fewer
+    prefill engines for the same arrivals than with no hits, the decode pool is unchanged, and the
+    decision reports the hit rate it planned with."""
+    def plan(hit: float) -> tuple:
+        rp = Replanner(lat, lat, SLO, LoopSettings(max=Sizes(32, 32), history=2))
+        rng = np.random.default_rng(3)
+        d = None
+        for i in range(2):
+            w = window(i, 40.0, rng, prompt=(2000, 6000))
+            tokens = sum(w.prompt_lens) * 12  # NOTE: the finished requests' totals (the lengths are a sample)
+            d = rp.step(w._replace(prompt_tokens=tokens, cached_tokens=int(hit * tokens)), Sizes(1, 1))
+        return d
+
+    cold, warm = plan(0.0), plan(0.8)
+    assert warm.prefix_hit_rate == pytest.approx(0.8, abs=1e-3) and cold.prefix_hit_rate == 0.0
+    assert warm.wanted.prefill < cold.wanted.prefill, (warm.wanted, cold.wanted)
+    assert warm.wanted.decode == cold.wanted.decode
