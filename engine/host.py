@@ -144,6 +144,7 @@ class EngineHost:
             "block_bytes": self.block_bytes,
             # NOTE: the engine's own step budget (vLLM picks one where the config leaves it unset)
             "max_num_batched_tokens": self.engine.vllm_config.scheduler_config.max_num_batched_tokens,
+            "chunked_prefill": self.engine.vllm_config.scheduler_config.enable_chunked_prefill,
             "kv_capacity_tokens": self.num_gpu_blocks * self.block_size,
             "device": self.device,
             "startup_s": self.startup_s,

@@ -119,6 +119,7 @@ class LoopSettings:
     correction_bounds: tuple[float, float] = (0.25, 4.0)
     history: int = 4  # windows whose lengths form the planning sample
     max_prefill_tokens: int = 4096
+    chunked_prefill: bool = False  # colocated engines: prompt chunks share steps with the decodes (vLLM v1)
     colocated: bool = False
     max_probe_requests: int = MAX_REQUESTS  # the live loop sizes in the controller: it keeps probes smaller
 
@@ -283,7 +284,8 @@ class Replanner:
         s = self.settings
         p_lat, d_lat = self.models()
         if s.colocated:
-            return simulate_colocated(d_lat, max(1, sizes.decode), reqs, max_prefill_tokens=s.max_prefill_tokens)
+            return simulate_colocated(d_lat, max(1, sizes.decode), reqs, max_prefill_tokens=s.max_prefill_tokens,
+                                      chunked_prefill=s.chunked_prefill)
         return simulate_disaggregated(p_lat, d_lat, max(1, sizes.prefill), max(1, sizes.decode),
                                       reqs, mode=mode, max_prefill_tokens=s.max_prefill_tokens)
 

@@ -147,11 +147,17 @@ class PlannerLoop:
             p_lat = p_lat.refitted(cal.coefficients, "calibrated")
             d_lat = d_lat.refitted(cal.coefficients, "calibrated")
         c = self.cfg
+        role = "colocated" if self.colocated else "prefill"
+        engine = self.ctl.engine_for(role)
         lo = Sizes(0 if self.colocated else c.min_prefill, c.min_decode)
         settings = LoopSettings(min=lo, max=Sizes(0 if self.colocated else c.max_prefill, c.max_decode),
                                 down_after=c.down_after, cooldown_s=c.cooldown_s, up_cooldown_s=c.up_cooldown_s,
-                                max_prefill_tokens=self.ctl.token_budget("colocated" if self.colocated else "prefill")
+                                max_prefill_tokens=self.ctl.reported(role, "max_num_batched_tokens",
+                                                                     engine.max_num_batched_tokens)
                                 or LoopSettings.max_prefill_tokens,
+                                # NOTE: None in the config is vLLM's default: on
+                                chunked_prefill=self.ctl.reported(role, "chunked_prefill",
+                                                                  engine.enable_chunked_prefill) is not False,
                                 colocated=self.colocated, max_probe_requests=LIVE_PROBE_REQUESTS)
         old = self._replanner
         self._base_decode, self.acceptance = d_lat, None

@@ -66,13 +66,13 @@ class PoolController:
         pp = getattr(pools, f"{role}_pp") or ecfg.pipeline_parallel_size
         return ecfg.model_copy(update={"tensor_parallel_size": tp, "pipeline_parallel_size": pp})
 
-    def token_budget(self, role: str) -> int | None:
-        """One engine step's token budget in `role`'s pool: what a live engine reports (vLLM picks one where
-        the config leaves it unset), else the pool's config (None: unset and no engine has reported yet)."""
+    def reported(self, role: str, key: str, fallback: Any = None) -> Any:
+        """What a live engine of `role`'s pool reports for `key` in its info: the value vLLM settled on (e.g.
+        its step budget where the config leaves it unset); `fallback` until one has reported."""
         for w in self.workers.values():
-            if w["role"] == role and (w["info"] or {}).get("max_num_batched_tokens"):
-                return int(w["info"]["max_num_batched_tokens"])
-        return self.engine_for(role).max_num_batched_tokens
+            if w["role"] == role and (w["info"] or {}).get(key) is not None:
+                return w["info"][key]
+        return fallback
 
     def shape_for(self, role: str, gpus_per_node: int | None = None):
         from cluster.control.placer import engine_shape

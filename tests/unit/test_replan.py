@@ -206,7 +206,7 @@ def test_the_live_loop_plans_with_the_engines_own_step_budget() -> None:
     for wid, role in (("prefill-0", "prefill"), ("decode-0", "decode")):
         ctl.workers[wid] = {"role": role, "handle": None, "state": "ready", "info": {"max_num_batched_tokens": 2048}}
     rp = ctl.planner.replanner()
-    assert rp.settings.max_prefill_tokens == 2048
+    assert rp.settings.max_prefill_tokens == 2048 and rp.settings.chunked_prefill  # unset: vLLM's default, on
     d = rp.step(window(0, 4.0, np.random.default_rng(0), prompt=(200, 600), length_s=10.0), Sizes(1, 1))
     assert d.target.prefill > 1  # 4 req/s of 200-600-token prompts queue on one CPU prefill engine
 
@@ -261,3 +261,28 @@ def test_prefix_cache_hits_the_engines_report_shrink_the_prefill_pool(lat: Laten
     assert warm.prefix_hit_rate == pytest.approx(0.8, abs=1e-3) and cold.prefix_hit_rate == 0.0
     assert warm.wanted.prefill < cold.wanted.prefill, (warm.wanted, cold.wanted)
     assert warm.wanted.decode == cold.wanted.decode
+
+
+def test_a_colocated_loop_simulates_the_chunked_prefill_its_engines_run() -> None:
+    """A colocated pool whose engines report chunked prefill off is simulated with prefill batches that
+    stall the decodes, one with it on with prompt chunks inside the decode steps: at the same traffic the
+    stalling engines need at least as many instances, and the setting reaches the simulation."""
+    from cluster.config import parse_config
+    from cluster.control.pools import PoolController
+
+    def loop(chunked: bool):
+        cfg = parse_config({"name": "t", "mode": "colocated", "engine": {"model": "smollm2"},
+                            "pools": {"colocated": 1}, "slo": {"ttft_ms": 3000, "tpot_ms": 120},
+                            "planner_loop": {"mode": "advisory", "max_decode": 8}})
+        ctl = PoolController(cfg.model_dump(mode="json"))
+        ctl.workers["colocated-0"] = {"role": "colocated", "handle": None, "state": "ready",
+                                      "info": {"max_num_batched_tokens": 512, "chunked_prefill": chunked}}
+        return ctl.planner.replanner()
+
+    stall, chunk = loop(False), loop(True)
+    assert not stall.settings.chunked_prefill and chunk.settings.chunked_prefill
+    w = window(0, 1.5, np.random.default_rng(5), prompt=(300, 1500), length_s=20.0)
+    a, b = stall.step(w, Sizes(0, 1)), chunk.step(w, Sizes(0, 1))
+    assert a.wanted.decode >= b.wanted.decode, (a.wanted, b.wanted)
+    reqs = stall._workload(1.5).at_rate(1.5)
+    assert stall._sim(reqs, Sizes(0, 2)).tpot().p90 > chunk._sim(reqs, Sizes(0, 2)).tpot().p90
