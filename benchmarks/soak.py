@@ -176,14 +176,19 @@ def soak(endpoint: str, pids: Callable[[], list[int]], requests: int, concurrenc
             stop.wait(0.25)
 
     sampler = threading.Thread(target=sample, daemon=True)
+    start_pss = pss_by_process(pids())
+    # NOTE: one sample before and one after the load, so the first and the last quarter always have one (a
+    # fast run of 120 requests, ~5 s, once had no sample in a quarter, the sampler sharing the GIL with the
+    # load's event loop, and the memory check failed for want of data)
+    samples.append((0, sum(start_pss.values())))
     sampler.start()
     t0 = time.monotonic()
-    start_pss = pss_by_process(pids())
     try:
         outcomes = asyncio.run(load(endpoint, model, requests, concurrency, seed, progress, headers))
     finally:
         stop.set()
         sampler.join(10)
+        samples.append((progress[0], pss_bytes(pids())))
     res["wall_s"] = round(time.monotonic() - t0, 1)
     end_pss = pss_by_process(pids())
     grew = sorted(((end_pss[k] - start_pss.get(k, 0), k) for k in end_pss), reverse=True)[:5]
