@@ -56,12 +56,17 @@ LOOK_S = 1.0  # how long a measurement first watches the box's other load
 YIELD_POLL_S = 0.01  # how often a running measurement checks for serving traffic (and then gives way)
 
 
-REQUEST_PREFIX = "calib-"  # the request ids of a measurement (WorkerStats.calibrating counts them)
+REQUEST_PREFIX = "calib-"  # the request ids of a measurement
+
+
+def own_requests(host: Any) -> int:
+    """How many of the requests on `host`'s engine are a measurement's (WorkerStats.calibrating)."""
+    return sum(r.startswith(REQUEST_PREFIX) for r in (*host._pending, *host._running_ctx))
 
 
 def _quiet(host: Any) -> bool:
     """Only our own requests on the engine (serving traffic would inflate every sample)."""
-    return all(r.startswith(REQUEST_PREFIX) for r in (*host._pending, *host._running_ctx))
+    return own_requests(host) == len(host._pending) + len(host._running_ctx)
 
 
 async def _run(host: Any, ids: list[int], max_tokens: int, stamps: list[float] | None = None) -> None:

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from engine.calibrate import REQUEST_PREFIX
+from engine.calibrate import own_requests
 from engine.config import EngineConfig
 from engine.stats import WorkerStats
 
@@ -167,7 +167,7 @@ class EngineHost:
             healthy=not self.engine.errored,
             timestamp_s=time.time(),
             spec_acceptance=round(t.spec_accepted / t.spec_drafted, 4) if t.spec_drafted else None,
-            calibrating=sum(r.startswith(REQUEST_PREFIX) for r in (*self._pending, *self._running_ctx)),
+            calibrating=own_requests(self),
         )
 
     def totals_snapshot(self) -> dict[str, Any]:

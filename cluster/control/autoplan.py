@@ -118,7 +118,7 @@ class PlannerLoop:
         self._windows, self._since = [], now
         current = self.sizes()
         rp = self.replanner()
-        await self._speculation(rp)
+        self._speculation(rp)
         # NOTE: sizing runs a few hundred simulated requests per probe: in a thread, so the controller keeps
         # answering membership and health calls meanwhile.
         d = await asyncio.to_thread(rp.step, window, current)
@@ -169,18 +169,18 @@ class PlannerLoop:
         self._cal_version = version
         return self._replanner
 
-    async def _speculation(self, rp: Replanner) -> None:
+    def _speculation(self, rp: Replanner) -> None:
         """A speculating decode pool: its model's decode step divided by the tokens a step yields at the
-        acceptance rate its engines report (LatencyModel.with_speculation), as the router predicts it. Until
-        they report one, the plain model (the online TPOT correction covers the difference meanwhile)."""
+        acceptance rate its engines report (LatencyModel.with_speculation), as the router predicts it. Read
+        from the stats the health checks last fetched; until an engine reports one, the plain model (the
+        online TPOT correction covers the difference meanwhile)."""
         role = "colocated" if self.colocated else "decode"
         spec = self.ctl.engine_for(role).speculative
         if spec is None:
             return
-        handles = [w["handle"] for w in self.ctl.workers.values() if w["role"] == role and w["state"] == "ready"]
-        got = await asyncio.gather(*(asyncio.wait_for(h.stats.remote(), timeout=5) for h in handles),
-                                   return_exceptions=True)
-        rates = [g.spec_acceptance for g in got if getattr(g, "spec_acceptance", None) is not None]
+        rates = [w["stats"].spec_acceptance for w in self.ctl.workers.values()
+                 if w["role"] == role and w["state"] == "ready" and w.get("stats") is not None
+                 and w["stats"].spec_acceptance is not None]
         if not rates:
             return
         a = round(sum(rates) / len(rates), 2)

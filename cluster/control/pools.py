@@ -207,7 +207,8 @@ class PoolController:
         else:
             t = time.time()
             try:
-                await asyncio.wait_for(w["handle"].stats.remote(), timeout=hc.timeout_s)
+                # NOTE: kept: the planner loop reads a speculating pool's acceptance from it
+                w["stats"] = await asyncio.wait_for(w["handle"].stats.remote(), timeout=hc.timeout_s)
                 w["misses"] = 0
                 w.pop("first_miss_at", None)
                 return

@@ -214,9 +214,6 @@ def test_the_live_loop_plans_with_the_engines_own_step_budget() -> None:
 def test_the_live_loop_plans_a_speculating_pool_at_its_measured_acceptance() -> None:
     """pool_engines.decode.speculative: once the decode engines report an acceptance rate, the loop's decode
     model is LatencyModel.with_speculation at their mean (faster per output token), as the router's is."""
-    import asyncio
-    from types import SimpleNamespace
-
     from cluster.config import parse_config
     from cluster.control.pools import PoolController
     from engine.stats import WorkerStats
@@ -226,18 +223,15 @@ def test_the_live_loop_plans_a_speculating_pool_at_its_measured_acceptance() -> 
                         "pools": {"prefill": 1, "decode": 2}, "planner_loop": {"mode": "advisory"}})
     ctl = PoolController(cfg.model_dump(mode="json"))
 
-    def handle(acceptance):
-        async def stats():
-            return WorkerStats("d", "decode", "", 0, 0, 0, 0, 0.0, 5760, (), True, 0.0, acceptance)
-        return SimpleNamespace(stats=SimpleNamespace(remote=stats))
-
+    # NOTE: the stats each worker's last health check fetched
     for wid, role, a in (("prefill-0", "prefill", None), ("decode-0", "decode", 0.5), ("decode-1", "decode", 0.7)):
-        ctl.workers[wid] = {"role": role, "handle": handle(a), "state": "ready", "info": {}}
+        ctl.workers[wid] = {"role": role, "handle": None, "state": "ready", "info": {},
+                            "stats": WorkerStats(wid, role, "", 0, 0, 0, 0, 0.0, 5760, (), True, 0.0, a)}
     loop = ctl.planner
     rp = loop.replanner()
     plain = rp.decode_lat
     rp.tpot_corr = 1.7  # learnt against the plain model
-    asyncio.run(loop._speculation(rp))
+    loop._speculation(rp)
     assert loop.acceptance == 0.6 and rp.tpot_corr == 1.0 and rp.decode_lat.tokens_per_step > 1
     assert rp.decode_lat.decode_step_time_s(4, 1600) < plain.decode_step_time_s(4, 1600)
     assert rp.prefill_lat is not rp.decode_lat and loop.status()["speculative_acceptance"] == 0.6
