@@ -168,6 +168,7 @@ class EngineHost:
             timestamp_s=time.time(),
             spec_acceptance=round(t.spec_accepted / t.spec_drafted, 4) if t.spec_drafted else None,
             calibrating=own_requests(self),
+            step_tokens=self.engine.vllm_config.scheduler_config.max_num_batched_tokens or 0,
         )
 
     def totals_snapshot(self) -> dict[str, Any]:

@@ -28,3 +28,5 @@ class WorkerStats(NamedTuple):
     # NOTE: requests of the engine's own latency measurement (engine/calibrate.py; in waiting/running too);
     # it runs only while no serving request does and gives way to the first that arrives
     calibrating: int = 0
+    # NOTE: the engine's step token budget as vLLM settled it (max_num_batched_tokens; 0: not reported)
+    step_tokens: int = 0

@@ -54,7 +54,7 @@ class GoodputPolicy(Policy):
     def __init__(self, latency: LatencyModel, *, decode_latency: LatencyModel | None = None,
                  default_ttft_s: float = 2.0, default_tpot_s: float = 0.2, sigma: float = 0.25,
                  admit_probability: float = 0.5, ewma_alpha: float = 0.1, max_prefill_tokens: int = 4096,
-                 tie_probability: float = 0.02, affinity_entries: int = 4096, record_refused: bool = False,
+                 tie_probability: float = 0.02, affinity_entries: int = 16384, record_refused: bool = False,
                  disaggregation: str = "always", speculative_tokens: int = 0,
                  clock: Callable[[], float] = time.time) -> None:
         if disaggregation not in ("auto", "always", "never"):
@@ -93,6 +93,7 @@ class GoodputPolicy(Policy):
         self._sat = math.exp(6.0 / self._inv)
         self._affinity: OrderedDict[int, str] = OrderedDict()
         self._affinity_entries = affinity_entries
+        self.prefix_hit_tokens = 0  # prompt tokens predicted cached on the prefill worker chosen (admitted)
         self._avg_out = 128.0
 
     @classmethod
@@ -144,7 +145,8 @@ class GoodputPolicy(Policy):
     def describe(self) -> dict[str, Any]:
         return {"policy": "goodput", "latency_model": self.latency.label, "disaggregation": self.disaggregation,
                 "speculative_tokens": self.spec_k,
-                "placements": dict(self.placements), "predictions": list(self.predictions),
+                "placements": dict(self.placements), "prefix_hit_tokens": self.prefix_hit_tokens,
+                "predictions": list(self.predictions),
                 "corrections": {w: {"ttft": round(s.ttft_ratio, 3), "tpot": round(s.tpot_ratio, 3)}
                                 for w, s in self.states.items()}}
 
@@ -163,13 +165,16 @@ class GoodputPolicy(Policy):
         return st
 
     def _prefill_scan(self, prompt: int, workers: Sequence[WorkerStats], now: float, aff: str | None,
-                      nodes: bool) -> tuple[list[float], int, list[int], int, dict[str, int]]:
+                      nodes: bool, hit: int = 0) -> tuple[list[float], int, list[int], int, dict[str, int]]:
         """Predicted queue wait + own prefill per worker (s); the lowest among workers where we would
         delay none of our queued requests (-1: none), the others ("held"), the affinity worker's index
-        and {node: index of its lowest}."""
+        and {node: index of its lowest}. On the affinity worker `hit` prompt tokens are in its prefix
+        cache: only the rest is computed (their attention still covers the whole prompt)."""
         t = self.latency.terms
-        p_mem, p_fixed, maxb = t.p_mem, t.p_fixed, self.max_prefill_tokens
-        fl, tail, pm1, qb = t.pa * prompt + t.pb * prompt * prompt, t.p_lin * prompt, prompt - 1, maxb - prompt
+        p_mem, p_fixed, dflt = t.p_mem, t.p_fixed, self.max_prefill_tokens
+        fl, tail, pm1 = t.pa * prompt + t.pb * prompt * prompt, t.p_lin * prompt, prompt - 1
+        new = prompt - hit
+        fl_hit, tail_hit = t.pa * new + t.pb * (prompt * prompt - hit * hit), t.p_lin * new
         cut, get = now - self.stale_s, self.states.get
         costs: list[float] = []
         best, best_c, held, aff_i, by_node = -1, _INF, [], -1, {}
@@ -177,9 +182,11 @@ class GoodputPolicy(Policy):
             st = get(s.worker_id) or self._state(s.worker_id)
             if st.pstats is not s:
                 st.refresh_prefill(s, t, cut)
-            lin = st.base + fl
-            c = ((lin if lin > p_mem else p_mem) + st.extra + tail) * st.ttft_ratio
-            if st.q > qb:
+            mine = hit and s.worker_id == aff
+            lin = st.base + (fl_hit if mine else fl)
+            c = ((lin if lin > p_mem else p_mem) + st.extra + (tail_hit if mine else tail)) * st.ttft_ratio
+            maxb = s.step_tokens or dflt  # NOTE: the engine's own budget wins over the configured fallback
+            if st.q > maxb - prompt:
                 c += p_fixed * ((st.q + pm1) // maxb) * st.ttft_ratio
             costs.append(c)
             if st.dls:
@@ -205,12 +212,13 @@ class GoodputPolicy(Policy):
         now, p_meet = self.clock(), self.p_meet
         colocated = not prefill
         pool = decode if colocated else prefill
-        aff = self._affinity.get(req.prefix_hash) if req.prefix_hash and not colocated else None
+        aff, hit = self._affine(req) if not colocated else (None, 0)
         x_cross = 0.0 if colocated else self.latency.kv_transfer_time_s(prompt, False)
         x_same = 0.0 if colocated else self.latency.kv_transfer_time_s(prompt, True)
-        costs, nh, held, aff_i, by_node = self._prefill_scan(prompt, pool, now, aff, x_same != x_cross)
+        costs, nh, held, aff_i, by_node = self._prefill_scan(prompt, pool, now, aff, x_same != x_cross, hit)
         t = self.latency.terms
         own = t.pa * prompt + t.pb * prompt * prompt + t.p_lin * prompt  # what we add to the batch we join
+        own_hit = t.pa * (prompt - hit) + t.pb * (prompt * prompt - hit * hit) + t.p_lin * (prompt - hit)
         harms: dict[int, float] = {}
 
         def harm(i: int) -> float:
@@ -218,7 +226,8 @@ class GoodputPolicy(Policy):
             h = harms.get(i)
             if h is None:
                 st = self.states[pool[i].worker_id]
-                h, c, c0, sat = 0.0, costs[i], costs[i] - own * st.ttft_ratio, costs[i] * self._sat
+                add = own_hit if i == aff_i else own
+                h, c, c0, sat = 0.0, costs[i], costs[i] - add * st.ttft_ratio, costs[i] * self._sat
                 for dl in st.dls:  # NOTE: sorted, so once one is sure to make it, so are the later ones
                     if dl - now >= sat:
                         break
@@ -313,7 +322,9 @@ class GoodputPolicy(Policy):
         p_id = None if colocated else prefill[pi].worker_id
         if admit or self.record_refused:
             self._record(req, self.states[pool[pi].worker_id], self.states[d.worker_id], p_id, now, ttft_s,
-                         x)
+                         x, hit if pi == aff_i else 0)
+        if admit and pi == aff_i and hit:
+            self.prefix_hit_tokens += hit
         placement = "" if colocated else "remote:" + ("always" if self.disaggregation == "always" else "cheaper")
         if admit and placement:
             self.placements[placement] += 1
@@ -365,20 +376,30 @@ class GoodputPolicy(Policy):
             need, ctx = req.prompt_tokens + req.max_tokens, req.prompt_tokens + req.max_tokens // 2
             ds.add_decode(self.decode_latency.terms, now + ttft, need, ctx, self._avg_out)
 
+    def _affine(self, req: RouteRequest) -> tuple[str | None, int]:
+        """The prefill worker that last took a prompt sharing this one's longest tracked prefix, and that
+        prefix's length (0 when only `prefix_hash` is known: affinity without a predicted hit)."""
+        for n, h in reversed(req.prefixes):
+            w = self._affinity.get(h)
+            if w is not None:
+                return w, n
+        return (self._affinity.get(req.prefix_hash) if req.prefix_hash else None), 0
+
     def _record(self, req: RouteRequest, ps: WorkerState, ds: WorkerState, p_id: str | None, now: float,
-                ttft: float, transfer: float) -> None:
-        ps.add_prefill(self.latency.terms, now, req.prompt_tokens, now + req.ttft_slo_s - transfer)
+                ttft: float, transfer: float, hit: int = 0) -> None:
+        ps.add_prefill(self.latency.terms, now, req.prompt_tokens - hit, now + req.ttft_slo_s - transfer)
         self._avg_out += 0.05 * (req.max_tokens - self._avg_out)
         if p_id is None:
             return
         if req.max_tokens > 1:
             need, ctx = req.prompt_tokens + req.max_tokens, req.prompt_tokens + req.max_tokens // 2
             ds.add_decode(self.decode_latency.terms, now + ttft, need, ctx, self._avg_out)
-        if req.prefix_hash:
-            self._affinity[req.prefix_hash] = p_id
-            self._affinity.move_to_end(req.prefix_hash)
-            if len(self._affinity) > self._affinity_entries:
-                self._affinity.popitem(last=False)
+        keys = [h for _, h in req.prefixes] or ([req.prefix_hash] if req.prefix_hash else [])
+        for h in keys:
+            self._affinity[h] = p_id
+            self._affinity.move_to_end(h)
+        while len(self._affinity) > self._affinity_entries:
+            self._affinity.popitem(last=False)
 
     def observe(self, decision: RouteDecision, route: RouteRequest, ttft_s: float,
                 tpot_s: float | None) -> None:

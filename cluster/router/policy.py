@@ -13,6 +13,8 @@ from typing import Any, NamedTuple
 
 from engine.stats import WorkerStats
 
+PREFIX_MIN = 64  # tokens: the shortest prefix the router tracks (`prefix_hash`, the first rung of the ladder)
+
 
 class RouteRequest(NamedTuple):
     prompt_tokens: int
@@ -20,6 +22,21 @@ class RouteRequest(NamedTuple):
     ttft_slo_s: float
     tpot_slo_s: float
     prefix_hash: int = 0
+    # NOTE: (length, hash of the first `length` prompt tokens) at 64, 128, 256, ... tokens below the prompt's
+    # length (`prefix_ladder`): a worker that prefilled a prompt sharing a rung holds at least that many
+    # tokens in its prefix cache, so the goodput router predicts its prefill without them
+    prefixes: tuple[tuple[int, int], ...] = ()
+
+
+def prefix_ladder(ids: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """Hashes of the prompt's prefixes at power-of-two lengths from PREFIX_MIN, each shorter than the
+    prompt (vLLM recomputes at least the last prompt token): ~2x the prompt's length in hashing work."""
+    out = []
+    n = PREFIX_MIN
+    while n < len(ids):
+        out.append((n, hash(tuple(ids[:n]))))
+        n *= 2
+    return tuple(out)
 
 
 class RouteDecision(NamedTuple):

@@ -13,7 +13,7 @@ from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 
 from cluster.errors import ServeError
-from cluster.router.policy import RouteRequest
+from cluster.router.policy import PREFIX_MIN, RouteRequest, prefix_ladder
 from cluster.serve.leg import Leg, Services
 
 _DONE = object()
@@ -44,7 +44,8 @@ class Job:
         # NOTE: the engine client's bookkeeping; a stream refused before it starts is closed, never iterated
         self.on_close: Callable[[], None] | None = None
         deadline = self.t0 + svc.cfg.serve.request_timeout_s
-        route = RouteRequest(len(ids), params.max_tokens or 1, ttft_slo_s, tpot_slo_s, hash(tuple(ids[:64])))
+        route = RouteRequest(len(ids), params.max_tokens or 1, ttft_slo_s, tpot_slo_s, hash(tuple(ids[:PREFIX_MIN])),
+                             prefix_ladder(ids))
         n = params.n or 1
         self.legs = [Leg(svc, request_id if n == 1 else f"{request_id}-c{i}", ids, leg_params(params, i), route,
                          deadline) for i in range(n)]

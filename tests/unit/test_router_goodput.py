@@ -6,6 +6,7 @@ import pytest
 
 from cluster.router import RouteRequest, latency_from_config
 from cluster.router.goodput import GoodputPolicy
+from cluster.router.policy import prefix_ladder
 from engine.stats import WorkerStats
 from placement.latency import LatencyModel
 
@@ -52,6 +53,17 @@ def test_queue_wait_counts_in_ttft() -> None:
     # 1200 queued tokens in 6 requests + ours: one batch of 1400 tokens, ~2.2 s on the CPU profile
     assert ttfts[2] == pytest.approx(LAT.prefill_time_from_sums(1400, 6 * 200**2 + 200**2)
                                      + LAT.kv_transfer_time_s(200, False))
+
+
+def test_the_engines_reported_step_budget_wins_over_the_configured_one() -> None:
+    """A queue longer than one step pays one more batch's fixed cost per step: with the 4096-token fallback
+    1200 queued tokens are one batch, with the 512 the engine reports (WorkerStats.step_tokens) three."""
+    p = policy()
+    q = pw(0, queued=1200, waiting=6)
+    fallback = p(req(), [q], [dw(0)]).predicted_ttft_s
+    reported = policy()(req(), [q._replace(step_tokens=512)], [dw(0)]).predicted_ttft_s
+    assert p.max_prefill_tokens == 4096
+    assert reported == pytest.approx(fallback + 2 * LAT.terms.p_fixed)
 
 
 def test_long_queue_and_big_batch_are_avoided() -> None:
@@ -125,6 +137,26 @@ def test_prefix_affinity_breaks_ties_but_not_load() -> None:
     busy = [pw(0, queued=2500, waiting=8, ts=clock.t) if first.prefill == "p0" else pw(0, ts=clock.t),
             pw(1, queued=2500, waiting=8, ts=clock.t) if first.prefill == "p1" else pw(1, ts=clock.t)]
     assert p(req(prefix=42), busy, [dw(0, ts=clock.t)]).prefill == other
+
+
+def test_a_cached_prefix_makes_its_worker_cheaper_by_the_cached_tokens() -> None:
+    """A follow-up turn (the last prompt + more) is predicted on the worker that prefilled the last prompt
+    without the tokens its prefix cache holds (the longest shared rung of the ladder: 512 of 1000), so it
+    goes there past a shorter queue elsewhere; a prompt sharing only its first 64 tokens gets no hit."""
+    first = list(range(600))
+    follow = first + list(range(5000, 5400))
+    other = first[:64] + list(range(9000, 9936))
+    p = policy()
+    d0 = p(req(len(first), prefix=1)._replace(prefixes=prefix_ladder(first)), [pw(0), pw(1, queued=800)], [dw(0)])
+    assert d0.prefill == "p0"
+    workers = [pw(0, queued=300, waiting=1), pw(1)]
+    d1 = p(req(len(follow))._replace(prefixes=prefix_ladder(follow)), workers, [dw(0)])
+    assert d1.prefill == "p0" and p.prefix_hit_tokens == 512
+    # NOTE: p0's snapshot (as new as the first route) holds its 300 queued tokens; ours adds 1000 - 512
+    assert d1.predicted_ttft_s == pytest.approx(
+        LAT.prefill_time_from_sums(300 + 488, 300**2 + 1000**2 - 512**2) + LAT.kv_transfer_time_s(1000, False))
+    d2 = p(req(len(other))._replace(prefixes=prefix_ladder(other)), workers, [dw(0)])
+    assert d2.prefill == "p1" and p.prefix_hit_tokens == 512
 
 
 def test_observed_slowness_moves_requests_away() -> None:
