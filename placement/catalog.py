@@ -42,6 +42,7 @@ class ModelArch:
     params: int
     max_context: int
     gated_ffn: bool = True
+    tied_embeddings: bool = False  # the LM head is the input embedding (counted once in `params`)
 
     def weight_bytes(self, weight_dtype: str) -> int:
         return int(self.params * dtype_bytes(weight_dtype))
@@ -50,9 +51,14 @@ class ModelArch:
         """K and V for every layer, all tensor-parallel shards together."""
         return int(2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes(kv_dtype))
 
+    def layer_flops_per_token(self) -> float:
+        """2 FLOPs per weight per token in the transformer layers (no embedding, no LM head): what a prompt
+        token costs, since the engine computes logits for each prompt's last token only."""
+        return 2.0 * (self.params - self.vocab * self.hidden * (1 if self.tied_embeddings else 2))
+
     def linear_flops_per_token(self) -> float:
-        """2 FLOPs per weight per token for all weights except the input embedding."""
-        return 2.0 * (self.params - self.vocab * self.hidden)
+        """2 FLOPs per weight per generated token: the layers and the LM head."""
+        return self.layer_flops_per_token() + 2.0 * self.vocab * self.hidden
 
     def attention_flops(self, sum_sq_len: float) -> float:
         """QK^T and PV over a causal prompt: 2 matmuls x 2 FLOPs x heads*head_dim x l^2/2 per layer."""
@@ -89,13 +95,13 @@ class HardwareArch:
 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, params: float,
-           ctx: int, head_dim: int = 128) -> ModelArch:
-    return ModelArch(name, layers, hidden, heads, kv, head_dim, ffn, vocab, int(params), ctx, True)
+           ctx: int, head_dim: int = 128, tied: bool = False) -> ModelArch:
+    return ModelArch(name, layers, hidden, heads, kv, head_dim, ffn, vocab, int(params), ctx, True, tied)
 
 
 def _opt(name: str, layers: int, hidden: int, params: float) -> ModelArch:
     heads = hidden // 128
-    return ModelArch(name, layers, hidden, heads, heads, 128, 4 * hidden, 50272, int(params), 2048, False)
+    return ModelArch(name, layers, hidden, heads, heads, 128, 4 * hidden, 50272, int(params), 2048, False, True)
 
 
 MODELS: dict[str, ModelArch] = {
@@ -104,7 +110,7 @@ MODELS: dict[str, ModelArch] = {
         _llama("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 8.03e9, 131072),
         _llama("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, 70.55e9, 131072),
         _llama("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, 32.76e9, 40960),
-        _llama("smollm2-135m", 30, 576, 9, 3, 1536, 49152, 134.5e6, 8192, head_dim=64),
+        _llama("smollm2-135m", 30, 576, 9, 3, 1536, 49152, 134.5e6, 8192, head_dim=64, tied=True),
         _opt("opt-13b", 40, 5120, 12.85e9),
         _opt("opt-66b", 64, 9216, 65.7e9),
         _opt("opt-175b", 96, 12288, 174.6e9),
@@ -178,7 +184,7 @@ def model_from_hf_config(path: str | Path) -> ModelArch:
     ctx = int(cfg.get("max_position_embeddings", 4096))
     name = str(cfg.get("_name_or_path") or p.parent.name)
     logger.debug("model %s from %s: %d layers, %.3g params", name, p, layers, params)
-    return ModelArch(name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, params, ctx, gated)
+    return ModelArch(name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, params, ctx, gated, tied)
 
 
 def with_overrides(hw: HardwareArch, **fields: float | int | None) -> HardwareArch:

@@ -3,7 +3,8 @@
 What is fitted (LatencySpec fields): `compute_efficiency` (achieved/peak tensor FLOPS), `memory_efficiency`
 (achieved/peak HBM bandwidth), `layer_overhead_us` (fixed cost per layer per step: the latency floor of
 a layer's small kernels), `allreduce_latency_us` (per TP all-reduce; only where the group has TP > 1)
-and `ttft_overhead_ms` (the serving front-end's share of TTFT). `step_overhead_ms` is held at
+and `ttft_overhead_ms` + `ttft_overhead_us_per_token` (the serving front-end's share of TTFT, fixed and per
+prompt token: tokenising and moving a long prompt takes longer, outside the GPU). `step_overhead_ms` is held at
 STEP_OVERHEAD_MS: within one model it cannot be told apart from the per-layer cost.
 
 The loss is the mean over points of |log(pred/measured)| for TTFT plus the same for TPOT, each point
@@ -25,9 +26,11 @@ logger = logging.getLogger(__name__)
 STEP_OVERHEAD_MS = 1.0
 MAX_FIT_POINTS = 36
 START = {"compute_efficiency": 0.5, "memory_efficiency": 0.7, "layer_overhead_us": 20.0,
-         "allreduce_latency_us": 10.0, "tp_efficiency": 0.8, "ttft_overhead_ms": 40.0}
+         "allreduce_latency_us": 10.0, "tp_efficiency": 0.8, "ttft_overhead_ms": 40.0,
+         "ttft_overhead_us_per_token": 10.0}
 BOUNDS = {"compute_efficiency": (0.05, 1.0), "memory_efficiency": (0.1, 1.0), "layer_overhead_us": (0.0, 1000.0),
-          "allreduce_latency_us": (0.0, 500.0), "tp_efficiency": (0.3, 1.0), "ttft_overhead_ms": (0.0, 2000.0)}
+          "allreduce_latency_us": (0.0, 500.0), "tp_efficiency": (0.3, 1.0), "ttft_overhead_ms": (0.0, 2000.0),
+          "ttft_overhead_us_per_token": (0.0, 500.0)}
 TP_ONLY = ("allreduce_latency_us", "tp_efficiency")
 ROUNDS = ((0.5, 0.7, 1.4, 2.0), (0.8, 0.9, 1.1, 1.25), (0.95, 1.05))
 

@@ -4,10 +4,16 @@ Every source (roofline from the catalog, DistServe regression coefficients, a me
 compiles to the same handful of terms, so each call is a few multiplications (the router calls these
 per request). With T = sum(l), S2 = sum(l^2), B = batch, C = total context tokens:
 
-    prefill = max(pa*T + pb*S2, p_mem) + p_fixed + p_lin*T
-    decode  = max(d_mem_c + d_mem_a*C, d_comp_b*B + d_comp_a*C) + d_fixed + d_lin*B
+    roofline:   prefill = max(pa*T, p_mem) + pb*S2 + p_fixed + p_lin*T
+                decode  = max(d_mem_c, d_comp_b*B) + max(d_mem_a, d_comp_a)*C + d_fixed + d_lin*B
+    regression: prefill = max(pa*T + pb*S2, p_mem) + p_fixed + p_lin*T
+                decode  = max(d_mem_c + d_mem_a*C, d_comp_b*B + d_comp_a*C) + d_fixed + d_lin*B
 
-Roofline: compute terms are FLOPs / (peak x efficiency), memory terms bytes / (HBM bw x efficiency).
+Roofline: compute terms are FLOPs / (peak x efficiency), memory terms bytes / (HBM bw x efficiency). The
+GEMMs (bound by the weights' bytes or their FLOPs) and attention (bound by the KV cache's bytes or its FLOPs)
+are separate kernels that run one after the other, so their times add; each is bound by its own roofline.
+A prompt token costs the layers' FLOPs (logits only for a prompt's last token), a generated token the LM
+head's too; attention runs at the 16-bit peak (activations times activations) whatever the weights' dtype.
 Regression (tp=1): pa=a, pb=b, p_fixed=c; d_mem_a=a, d_lin=b, d_fixed=c. For tp=k the per-token terms
 divide by k*e (e = tp_efficiency^log2 k), the weight-streaming share of the constant divides by k, and
 each layer adds two ring all-reduces. Pipeline stages add one activation hop per stage boundary; the
@@ -15,7 +21,7 @@ times below are end-to-end latencies, and the simulator overlaps `pp` batches in
 step with `stage_split` (the driver's serial share, each stage's share, the hop between stages).
 
 A mixed step (chunked prefill: prompt tokens and running decodes in one batch) reads the weights once
-for both in the roofline; the regression's terms add up (`mixed_step_time_s`).
+for both in the roofline's GEMMs; the regression's terms add up (`mixed_step_time_s`).
 """
 
 from __future__ import annotations
@@ -85,7 +91,8 @@ class LatencyModel:
     def __init__(self, terms: Terms, *, tp: int, pp: int, kv_bytes_per_token: int, kv_capacity_tokens: int,
                  same_node_bps: float, cross_node_bps: float, transfer_latency_s: float = 5e-4,
                  label: str = "", shared_weights: bool = False, request_overhead_s: float = 0.0,
-                 stages: PipelineSplit | None = None, tokens_per_step: float = 1.0) -> None:
+                 stages: PipelineSplit | None = None, tokens_per_step: float = 1.0,
+                 request_overhead_s_per_token: float = 0.0) -> None:
         self.terms = terms
         # NOTE: output tokens per sequence per engine step (1; E under speculative decoding): the decode
         # terms are per output token, so an engine step lasts decode_step_time_s x tokens_per_step.
@@ -100,7 +107,14 @@ class LatencyModel:
         self.label = label
         self.shared_weights = shared_weights
         self.request_overhead_s = request_overhead_s
+        # NOTE: the front-end's share that grows with the prompt (tokenising it, moving it over HTTP and
+        # into the engine process): also outside the GPU
+        self.request_overhead_s_per_token = request_overhead_s_per_token
         self.stages = stages or PipelineSplit.even(pp)
+
+    def request_overhead(self, prompt_tokens: int) -> float:
+        """Front-end time of one request outside the engine (s): a fixed part plus one per prompt token."""
+        return self.request_overhead_s + self.request_overhead_s_per_token * prompt_tokens
 
     @property
     def gpus(self) -> int:
@@ -116,12 +130,17 @@ class LatencyModel:
 
     def prefill_time_from_sums(self, total_tokens: float, sum_sq: float) -> float:
         t = self.terms
+        if self.shared_weights:  # roofline: attention runs in kernels of its own, after the GEMMs
+            return max(t.pa * total_tokens, t.p_mem) + t.pb * sum_sq + t.p_fixed + t.p_lin * total_tokens
         return max(t.pa * total_tokens + t.pb * sum_sq, t.p_mem) + t.p_fixed + t.p_lin * total_tokens
 
     def decode_step_time_s(self, batch: int, total_context_tokens: int) -> float:
         if batch <= 0:
             return 0.0
         t = self.terms
+        if self.shared_weights:  # roofline: GEMMs (weights vs FLOPs), then attention (KV reads vs FLOPs)
+            attn = max(t.d_mem_a * total_context_tokens, t.d_comp_a * total_context_tokens)
+            return max(t.d_mem_c, t.d_comp_b * batch) + attn + t.d_fixed + t.d_lin * batch
         mem = t.d_mem_c + t.d_mem_a * total_context_tokens
         comp = t.d_comp_b * batch + t.d_comp_a * total_context_tokens
         return (mem if mem > comp else comp) + t.d_fixed + t.d_lin * batch
@@ -135,13 +154,14 @@ class LatencyModel:
         if batch <= 0:
             return self.prefill_time_from_sums(prefill_tokens, prefill_sum_sq)
         t = self.terms
-        mem = t.d_mem_c + t.d_mem_a * total_context_tokens
-        comp = (t.pa * prefill_tokens + t.pb * prefill_sum_sq + t.d_comp_b * batch
-                + t.d_comp_a * total_context_tokens)
-        if self.shared_weights:  # roofline: one pass over the weights serves prompt and decode tokens
-            core = max(mem, comp, t.p_mem)
+        if self.shared_weights:
+            # roofline: one pass over the weights serves prompt and decode tokens in the GEMMs; attention (the
+            # prompt chunks' FLOPs, the decodes' KV reads) runs in kernels of its own, after them
+            attn = max(t.d_mem_a * total_context_tokens, t.d_comp_a * total_context_tokens)
+            core = max(t.p_mem, t.pa * prefill_tokens + t.d_comp_b * batch) + t.pb * prefill_sum_sq + attn
         else:  # regression: DistServe's prefill and decode terms add up
-            core = comp + mem
+            core = (t.pa * prefill_tokens + t.pb * prefill_sum_sq + t.d_comp_b * batch + t.d_comp_a *
+                    total_context_tokens + t.d_mem_c + t.d_mem_a * total_context_tokens)
         fixed = t.p_fixed if t.p_fixed > t.d_fixed else t.d_fixed
         return core + fixed + t.p_lin * prefill_tokens + t.d_lin * batch
 
@@ -214,17 +234,20 @@ class LatencyModel:
             label = f"{model.name}@{hardware.name} regression"
         else:
             peak = hardware.peak_flops(hardware.compute_dtype(weight_dtype)) * spec.compute_efficiency * tp * e
+            # NOTE: attention multiplies activations by activations (and a cache dequantised to 16 bits):
+            # it runs at the 16-bit peak whatever the weights' dtype
+            apeak = hardware.peak_flops(hardware.compute_dtype("bf16")) * spec.compute_efficiency * tp * e
             over = spec.step_overhead_ms / 1000.0 + model.layers * spec.layer_overhead_us * 1e-6
             terms = Terms(
-                pa=model.linear_flops_per_token() / peak,
-                pb=model.attention_flops(1.0) / peak,
+                pa=model.layer_flops_per_token() / peak,
+                pb=model.attention_flops(1.0) / apeak,
                 p_mem=wbytes / (tp * hbm),
                 p_fixed=over + ar_fixed,
                 p_lin=ar_tok,
                 d_mem_c=wbytes / (tp * hbm),
                 d_mem_a=kvb / (tp * hbm),
                 d_comp_b=model.linear_flops_per_token() / peak,
-                d_comp_a=model.decode_attention_flops(1.0) / peak,
+                d_comp_a=model.decode_attention_flops(1.0) / apeak,
                 d_fixed=over + ar_fixed,
                 d_lin=ar_tok,
             )
@@ -235,7 +258,8 @@ class LatencyModel:
                               model.hidden * ACT_BYTES / hop_bps)
         return cls(terms, tp=tp, pp=pp, kv_bytes_per_token=kvb, kv_capacity_tokens=capacity,
                    same_node_bps=nvlink, cross_node_bps=nic, label=f"{label} tp{tp} pp{pp}",
-                   shared_weights=roofline, request_overhead_s=spec.ttft_overhead_ms / 1000.0, stages=split)
+                   shared_weights=roofline, request_overhead_s=spec.ttft_overhead_ms / 1000.0, stages=split,
+                   request_overhead_s_per_token=spec.ttft_overhead_us_per_token * 1e-6)
 
     @classmethod
     def from_coefficients(cls, coeffs: Coefficients, *, kv_bytes_per_token: int, kv_capacity_tokens: int,
@@ -254,7 +278,8 @@ class LatencyModel:
                             kv_bytes_per_token=self._kvb, kv_capacity_tokens=self._kv_cap,
                             same_node_bps=self._same_bps, cross_node_bps=self._cross_bps,
                             transfer_latency_s=self.transfer_latency_s, label=label,
-                            request_overhead_s=self.request_overhead_s)
+                            request_overhead_s=self.request_overhead_s,
+                            request_overhead_s_per_token=self.request_overhead_s_per_token)
 
     def with_speculation(self, k: int, acceptance: float) -> LatencyModel:
         """Decode with `k` draft tokens per step accepted independently with probability `acceptance`
@@ -273,7 +298,8 @@ class LatencyModel:
                             kv_capacity_tokens=self._kv_cap, same_node_bps=self._same_bps,
                             cross_node_bps=self._cross_bps, transfer_latency_s=self.transfer_latency_s,
                             label=f"{self.label} spec{k}@{a:.2f}", shared_weights=self.shared_weights,
-                            request_overhead_s=self.request_overhead_s, stages=self.stages, tokens_per_step=tokens)
+                            request_overhead_s=self.request_overhead_s, stages=self.stages, tokens_per_step=tokens,
+                            request_overhead_s_per_token=self.request_overhead_s_per_token)
 
     def scaled(self, prefill_k: float, decode_k: float) -> LatencyModel:
         """This instance with every prefill time multiplied by `prefill_k` and every decode step by
@@ -286,7 +312,8 @@ class LatencyModel:
                             cross_node_bps=self._cross_bps, transfer_latency_s=self.transfer_latency_s,
                             label=f"{self.label} x{prefill_k:.3g}/{decode_k:.3g}", shared_weights=self.shared_weights,
                             request_overhead_s=self.request_overhead_s * prefill_k, stages=self.stages,
-                            tokens_per_step=self.tokens_per_step)
+                            tokens_per_step=self.tokens_per_step,
+                            request_overhead_s_per_token=self.request_overhead_s_per_token * prefill_k)
 
     @classmethod
     def from_profile(cls, path: str | Path) -> LatencyModel:

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 def steady_ramp_s(lat: LatencyModel, isl: int, osl: int, clients: int) -> float:
     """One request's expected duration at `clients` concurrency: the spread of the clients' first sends."""
-    ttft = lat.prefill_time_s([isl]) + lat.request_overhead_s
+    ttft = lat.prefill_time_s([isl]) + lat.request_overhead(isl)
     tpot = lat.decode_step_time_s(clients, clients * (isl + osl // 2))
     return ttft + max(osl - 1, 0) * tpot
 
