@@ -71,6 +71,23 @@ def test_roofline_decode_is_memory_bound_at_small_batch() -> None:
     assert fp8.kv_capacity_tokens() > lat.kv_capacity_tokens()
 
 
+def test_roofline_gemms_and_attention_add_up() -> None:
+    """The weights' pass and the KV cache's pass are separate kernels: a decode step with a long context pays
+    both; a prompt token costs the layers' FLOPs (no LM head) and its attention runs at the 16-bit peak."""
+    m, h = get_model("llama-3.1-8b"), get_hardware("h100-sxm")
+    spec = LatencySpec(step_overhead_ms=0.0, compute_efficiency=1.0, memory_efficiency=1.0)
+    lat = LatencyModel.from_catalog(m, h, tp=1, weight_dtype="fp8", kv_dtype="fp8", spec=spec)
+    hbm = 3.35e12
+    weights, kv = m.weight_bytes("fp8") / hbm, 32 * 100_000 * m.kv_bytes_per_token("fp8") / hbm
+    assert lat.decode_step_time_s(32, 32 * 100_000) == pytest.approx(weights + kv, rel=1e-3)
+    assert m.linear_flops_per_token() - m.layer_flops_per_token() == 2 * m.vocab * m.hidden
+    gemm = 8192 * m.layer_flops_per_token() / 1979e12
+    attn = m.attention_flops(8192**2) / 989e12
+    assert lat.prefill_time_s([8192]) == pytest.approx(gemm + attn, rel=1e-3)
+    tied = get_model("smollm2-135m")  # the head is the embedding: counted once in params, computed per token
+    assert tied.layer_flops_per_token() == pytest.approx(2 * (tied.params - tied.vocab * tied.hidden))
+
+
 def test_calls_are_cheap() -> None:
     lat = _opt(2)
     t0 = time.perf_counter()

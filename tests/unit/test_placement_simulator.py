@@ -122,3 +122,17 @@ class _AllToZero:
     def choose(self, now_s: float, prompt_len: int, output_len: int, prefill: Sequence[InstanceView],
                decode: Sequence[InstanceView]) -> tuple[int, int] | None:
         return 0, 0
+
+
+def test_front_end_time_per_prompt_token_is_added_to_ttft_outside_the_engine() -> None:
+    """`request_overhead_s_per_token` delays each request's entry by its prompt length: at a rate where
+    nothing queues every TTFT grows by exactly that, and the engine's own times stay as they were."""
+    reqs = [Request(i * 5.0, n, 8) for i, n in enumerate((100, 800, 1600))]
+    base = lat()
+    slow = LatencyModel.from_coefficients(COEF, kv_bytes_per_token=819_200, kv_capacity_tokens=60_000)
+    slow.request_overhead_s_per_token = 50e-6
+    for sim in (lambda m: simulate_colocated(m, 1, reqs), lambda m: simulate_disaggregated(m, m, 1, 1, reqs)):
+        a, b = sim(base).records, sim(slow).records
+        for ra, rb, r in zip(a, b, reqs, strict=True):
+            assert rb.ttft_s - ra.ttft_s == pytest.approx(50e-6 * r.input_len, abs=1e-9)
+            assert rb.tpot_s == pytest.approx(ra.tpot_s)
