@@ -86,6 +86,10 @@ class WorkloadSpec(_Strict):
     output: LengthDist | None = Field(None, description="output length distribution")
     trace: str | None = Field(None, description="CSV/JSONL with input_len, output_len[, arrival_s]; "
                                                 "replaces input/output (and arrivals if present)")
+    prefix_hit_rate: float = Field(0.0, ge=0, le=0.95, description="share of prompt tokens the engines find "
+                                   "in their prefix cache (multi-turn chat, shared system prompts; the "
+                                   "running engines report it, the planner loop's status shows it): "
+                                   "prefill is planned without them")
 
     @model_validator(mode="after")
     def _lengths(self) -> WorkloadSpec:

@@ -301,6 +301,25 @@ class LatencyModel:
                             request_overhead_s=self.request_overhead_s, stages=self.stages, tokens_per_step=tokens,
                             request_overhead_s_per_token=self.request_overhead_s_per_token)
 
+    def with_prefix_hits(self, rate: float) -> LatencyModel:
+        """Prefill when a share `rate` of every prompt's tokens is already in the prefix cache (a cached
+        prefix is not computed again): the per-token GEMM and link terms shrink by (1 - rate), attention by
+        (1 - rate^2) (the new tokens still attend to the cached ones); the weights' pass, fixed costs,
+        the front-end and decode stay."""
+        h = min(max(rate, 0.0), 0.95)
+        if h == 0.0:
+            return self
+        t = self.terms
+        terms = Terms(t.pa * (1 - h), t.pb * (1 - h * h), t.p_mem, t.p_fixed, t.p_lin * (1 - h), t.d_mem_c,
+                      t.d_mem_a, t.d_comp_b, t.d_comp_a, t.d_fixed, t.d_lin)
+        return LatencyModel(terms, tp=self.tp, pp=self.pp, kv_bytes_per_token=self._kvb,
+                            kv_capacity_tokens=self._kv_cap, same_node_bps=self._same_bps,
+                            cross_node_bps=self._cross_bps, transfer_latency_s=self.transfer_latency_s,
+                            label=f"{self.label} hits{h:.2f}", shared_weights=self.shared_weights,
+                            request_overhead_s=self.request_overhead_s, stages=self.stages,
+                            tokens_per_step=self.tokens_per_step,
+                            request_overhead_s_per_token=self.request_overhead_s_per_token)
+
     def scaled(self, prefill_k: float, decode_k: float) -> LatencyModel:
         """This instance with every prefill time multiplied by `prefill_k` and every decode step by
         `decode_k` (an online correction, or a machine slower than its model)."""

@@ -126,6 +126,9 @@ def make_plan(cfg: PlannerConfig) -> PlacementPlan:
     cands = ctx.candidates(wl)
     s, slo = cfg.search, cfg.slo
     near = algo == "low-affinity"
+    # NOTE: prefix-cache hits cut prefill work (prefill and colocated candidates; decode steps are untouched)
+    hit = cfg.workload.prefix_hit_rate
+    cands = [lat.with_prefix_hits(hit) for lat in cands]
     pre = [PhaseChoice(lat, prefill_goodput(lat, wl, slo, s.max_prefill_tokens, near)) for lat in cands]
     sizes: dict[int, Workload] = {}
 
@@ -154,6 +157,10 @@ def make_plan(cfg: PlannerConfig) -> PlacementPlan:
     else:
         rates = [w.rate_rps]
     plans = [_size(ctx, wl, algo, pre, dec, colo, r) for r in rates]
+    if hit:
+        for p in plans:
+            p.notes.append(f"prefill planned with {hit:.0%} of prompt tokens in the prefix cache "
+                           "(workload.prefix_hit_rate)")
     if sp is not None:
         for p in plans:
             p.notes.append(f"decode speculates {sp.tokens} tokens per step at acceptance {sp.acceptance:g} "

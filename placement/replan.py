@@ -268,16 +268,15 @@ class Replanner:
 
     def models(self) -> tuple[LatencyModel, LatencyModel]:
         """The latency models corrected by what the serving machine measured, with prefill work cut by the
-        prefix-cache hit rate the engines report: a cached prefix is not computed again. NOTE: first order
-        (the uncached tokens' attention over the cached ones is not counted); the TTFT correction, learnt
-        against this model, takes up the rest. Modelled, not folded into the correction, so a shift in the
+        prefix-cache hit rate the engines report: a cached prefix is not computed again
+        (`LatencyModel.with_prefix_hits`); the TTFT correction, learnt against this model, takes up the rest. Modelled, not folded into the correction, so a shift in the
         hit rate (multi-turn chat giving way to fresh documents) moves the plan at once."""
         hit = round(self.prefix_hit_rate(), 3)
         k = (self.ttft_corr, self.tpot_corr, hit)
         if self._corrected is None or self._corrected[0] != k:
-            pk = self.ttft_corr * (1.0 - hit)
-            self._corrected = (k, self.prefill_lat.scaled(pk, self.tpot_corr),
-                               self.decode_lat.scaled(pk, self.tpot_corr))
+            pk, dk = self.ttft_corr, self.tpot_corr
+            self._corrected = (k, self.prefill_lat.scaled(pk, dk).with_prefix_hits(hit),
+                               self.decode_lat.scaled(pk, dk).with_prefix_hits(hit))
         return self._corrected[1], self._corrected[2]
 
     def _sim(self, reqs: Sequence[Request], sizes: Sizes, mode: str = "both"):

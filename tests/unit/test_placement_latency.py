@@ -88,6 +88,19 @@ def test_roofline_gemms_and_attention_add_up() -> None:
     assert tied.layer_flops_per_token() == pytest.approx(2 * (tied.params - tied.vocab * tied.hidden))
 
 
+def test_prefix_hits_cut_prefill_compute_not_fixed_costs_or_decode() -> None:
+    m, h = get_model("llama-3.1-8b"), get_hardware("h100-sxm")
+    lat = LatencyModel.from_catalog(m, h, tp=1, spec=LatencySpec(ttft_overhead_ms=30.0))
+    hit = lat.with_prefix_hits(0.5)
+    fixed = lat.terms.p_fixed
+    # a 4096-token prompt with half of it cached costs what its 2048 new tokens cost, attending to all 4096
+    assert hit.prefill_time_s([4096]) - fixed == pytest.approx(
+        lat.terms.pa * 2048 + lat.terms.pb * (4096**2 - 2048**2), rel=1e-9)
+    assert hit.decode_step_time_s(8, 8000) == lat.decode_step_time_s(8, 8000)
+    assert hit.request_overhead(4096) == lat.request_overhead(4096)
+    assert lat.with_prefix_hits(0.0) is lat
+
+
 def test_calls_are_cheap() -> None:
     lat = _opt(2)
     t0 = time.perf_counter()

@@ -109,6 +109,24 @@ def test_yaml_examples_load() -> None:
         assert yaml.safe_load(p.read_text())["model"]["name"] == c.model.name
 
 
+def test_prefix_hits_cut_the_prefill_pool_only() -> None:
+    """workload.prefix_hit_rate: prefill candidates are planned without the cached tokens, so one prefill
+    engine takes more req/s and the plan needs no more prefill engines; decode is untouched."""
+    def plan(hit: float):
+        return make_plan(parse_planner_config(cfg(workload__rate_rps=20.0, workload__prefix_hit_rate=hit)))
+
+    plain, hits = plan(0.0), plan(0.8)
+    def tp1(p, role: str) -> dict:
+        return next(c for c in p.candidates if c["role"] == role and c["tp"] == 1)
+
+    assert tp1(hits, "prefill")["goodput_rps"] > 1.5 * tp1(plain, "prefill")["goodput_rps"]
+    assert tp1(hits, "decode") == tp1(plain, "decode")
+    assert hits.prefill.instances * hits.prefill.tp <= plain.prefill.instances * plain.prefill.tp
+    assert any("80% of prompt tokens in the prefix cache" in n for n in hits.notes)
+    with pytest.raises(PlacementError, match="prefix_hit_rate"):
+        parse_planner_config(cfg(workload__prefix_hit_rate=0.99))
+
+
 def test_speculation_changes_the_decode_pool_by_its_acceptance() -> None:
     """planner.speculation: decode steps modelled by LatencyModel.with_speculation. Drafts that are mostly
     accepted (E ~2.95 tokens per step) make decode cheaper than plain, drafts that are mostly refused
