@@ -3,13 +3,16 @@ traffic for both, on a workload where it should help and one where it should not
 
     python -m benchmarks.optimizations --out benchmarks/results/optimizations-cpu [--num-requests 12]
 
-Six deployments run in turn on one embedded Ray (the bundled model, fp32 on CPU, least_loaded routing so
-every variant routes alike and nothing is refused), each replaying its workloads' requests open-loop:
+Eight deployments run in turn on one embedded Ray (the bundled model, fp32 on CPU, least_loaded routing so
+every variant routes alike and nothing is refused, but where routing is the option), each replaying its
+workloads' requests open-loop:
 
   disaggregated                 1 prefill + 1 decode engine, prefix caching off (the baseline of the next two)
   + prefix caching              both pools cache prefixes: multi-turn chat (helps) vs unique chat prompts
   + n-gram speculation          the decode pool speculates (vLLM prompt lookup): templated text vs open chat
   + int8 W8A8                   both pools run engine/quantize.py's int8 copy: chat (decode) vs multi-turn (prefill)
+  2 prefill + 1 decode          both cache prefixes; goodput routing (prices a cached prefix, serves all)
+                                against least_loaded: multi-turn chat vs unique chat prompts
   colocated                     1 engine, chunked prefill off: a long prefill stalls every running stream
   + chunked prefill             1 engine, 256-token budget per step: long prompts among chat vs chat alone
 
@@ -59,6 +62,7 @@ WORKLOADS: dict[str, tuple[Workload, float, str]] = {  # name: (workload, reques
 }
 DISAGG = {"mode": "disaggregated", "pools": {"prefill": 1, "decode": 1}}
 COLO = {"mode": "colocated", "pools": {"colocated": 1}}
+DISAGG2 = {"mode": "disaggregated", "pools": {"prefill": 2, "decode": 1}, "engine": {"enable_prefix_caching": True}}
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,13 @@ DEPLOYS = (
         "speculative": {"num_speculative_tokens": 4}}}}), ("chat", "templated")),
     Deploy(Variant("disaggregated+w8a8", {**DISAGG, "name": "opt-dq", "engine": {"model": "smollm2-w8a8"}}),
            ("chat", "multiturn"), True),
+    # NOTE: routing with two prefill engines that cache prefixes: the goodput router prices a follow-up turn's
+    # cached prefix on the engine that prefilled the last turn (best_effort: it serves every request, so
+    # only the routing differs); least_loaded knows nothing of prefixes
+    Deploy(Variant("disaggregated-2p+prefix-caching", {**DISAGG2, "name": "opt-dp2", "router": {
+        "policy": "goodput", "admission": "best_effort", "disaggregation": "always"}}), ("multiturn", "chat")),
+    Deploy(Variant("disaggregated-2p+prefix-caching+least-loaded", {**DISAGG2, "name": "opt-dp2l"}),
+           ("multiturn", "chat")),
     Deploy(Variant("colocated", {**COLO, "name": "opt-c", "engine": {
         "enable_chunked_prefill": False, "max_num_batched_tokens": 2048}}), ("chat", "mixed")),
     Deploy(Variant("colocated+chunked-prefill", {**COLO, "name": "opt-cc", "engine": {
@@ -100,6 +111,8 @@ OPTIONS = (
            "identical up to near-ties"),
     Option("int8 W8A8 (round to nearest)", "disaggregated+w8a8", "disaggregated", "chat", "multiturn",
            "may differ: task accuracy"),
+    Option("prefix-aware routing (2 prefill engines, prefix caching)", "disaggregated-2p+prefix-caching",
+           "disaggregated-2p+prefix-caching+least-loaded", "multiturn", "chat", "identical"),
     Option("chunked prefill (256 tokens)", "colocated+chunked-prefill", "colocated", "mixed", "chat", "identical"),
 )
 FIELDS = ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tpot_p50", "goodput_rps", "attainment",
@@ -256,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ttft-slo", type=float, default=2.0, help="TTFT target, seconds")
     p.add_argument("--tpot-slo", type=float, default=0.15, help="TPOT target, seconds per output token")
     p.add_argument("--dollars-per-hour", type=float, default=0.10, help="price of the box")
-    p.add_argument("--only", help="comma list of deployments to run (default: all six)")
+    p.add_argument("--only", help="comma list of deployments to run (default: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="directory for report.md, report.json, raw.json and optimizations.png")
     return p

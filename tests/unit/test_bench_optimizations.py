@@ -24,7 +24,11 @@ def test_disaggregated_variants_keep_the_kv_compatibility_fields():
     base = opt.base_config(opt.build_parser().parse_args([]), 8000)
     for d in opt.DEPLOYS:
         cfg = parse_config(d.variant.config(base))
-        assert cfg.engine.max_model_len == 2048 and cfg.router.policy == "least_loaded"
+        routing = d.variant.name == "disaggregated-2p+prefix-caching"  # the option is the routing itself
+        assert cfg.engine.max_model_len == 2048
+        assert cfg.router.policy == ("goodput" if routing else "least_loaded")
+        if routing:  # serves every request, so only the routing differs from its baseline
+            assert cfg.router.admission == "best_effort" and cfg.pools.prefill == 2
 
 
 def _summary(ttft: float) -> dict:
@@ -81,9 +85,10 @@ def test_the_int8_row_carries_task_accuracy_before_and_after():
     assert by["disaggregated+w8a8"].accuracy and by["disaggregated"].accuracy
 
 
-def test_only_the_prefix_caching_variant_caches_prefixes():
+def test_only_the_prefix_caching_variants_cache_prefixes():
     """Its steps are never repeated: a repeat would replay prompts the engine has cached."""
     base = opt.base_config(opt.build_parser().parse_args([]), 8000)
     caching = {d.variant.name for d in opt.DEPLOYS if opt.caches_prefixes(d.variant.config(base))}
-    assert caching == {"disaggregated+prefix-caching"}
+    assert caching == {"disaggregated+prefix-caching", "disaggregated-2p+prefix-caching",
+                       "disaggregated-2p+prefix-caching+least-loaded"}
     assert opt.caches_prefixes({"engine": {}, "pool_engines": {"decode": {"enable_prefix_caching": True}}})
