@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serving engine: its scheduler and fitted efficiencies (none: the raw roofline, "
                         "prefill batches stall decode)")
     q.add_argument("--mode", default="disaggregated", choices=["colocated", "disaggregated"])
+    q.add_argument("--local-prefill-tokens", type=int, default=0,
+                   help="disaggregated: prompts of at most this many tokens prefill on their decode instance "
+                        "(the router's auto placement), in a step with its running decodes")
     q.add_argument("--instances", type=int, default=1)
     q.add_argument("--tp", type=int, default=1)
     q.add_argument("--prefill-instances", type=int, default=1)
@@ -121,7 +124,7 @@ def _predict(args: argparse.Namespace) -> int:
                   mode=args.mode, instances=args.instances, tp=args.tp, prefill_instances=args.prefill_instances,
                   prefill_tp=args.prefill_tp, decode_instances=args.decode_instances, decode_tp=args.decode_tp,
                   isl=args.isl, osl=args.osl, concurrency=args.concurrency, rate=args.rate, requests=args.requests,
-                  profile=args.profile, backend=args.backend)
+                  profile=args.profile, backend=args.backend, local_prefill_tokens=args.local_prefill_tokens)
     print(json.dumps(out) if args.json else format_prediction(out))
     return 0
 

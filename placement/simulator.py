@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import cast
 
@@ -36,7 +37,7 @@ from placement.workload import Request
 
 logger = logging.getLogger(__name__)
 
-_ARRIVE, _P_DONE, _P_FREE, _XFER_DONE, _D_STEP, _C_DONE = range(6)
+_ARRIVE, _P_DONE, _P_FREE, _XFER_DONE, _D_STEP, _C_DONE, _L_DONE = range(7)
 SameNode = Callable[[int, int], bool]
 
 
@@ -82,12 +83,17 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
                            requests: Sequence[Request], *, dispatch: DispatchPolicy | None = None,
                            same_node: bool | SameNode = False, max_prefill_tokens: int = 4096,
                            clients: int | None = None, mode: str = "both",
-                           ramp_s: float | Sequence[float] = 0.0) -> SimResult:
+                           ramp_s: float | Sequence[float] = 0.0, local_prefill_tokens: int = 0) -> SimResult:
     """Simulate `n_prefill` prefill and `n_decode` decode instances serving `requests`.
 
     `mode="prefill"` stops at the first token (decode not simulated); `mode="decode"` sends requests
     straight to decode at their arrival (first token = arrival). `same_node(p, d)` says whether the
     KV of prefill p to decode d moves over NVLink (True) or the NIC (False).
+
+    `local_prefill_tokens`: prompts of at most this many tokens prefill on the decode instance the dispatch
+    picks (the router's `auto` placement sends short prompts there): whole, FIFO, in one step with that
+    instance's running decodes (`mixed_step_time_s`, so the streams there pay for it), no KV transfer. Only
+    for pp=1 decode instances; `mode` must be "both".
     """
     if n_prefill < 1 or n_decode < 1:
         raise ValueError(f"need at least one prefill and one decode instance, got {n_prefill}, {n_decode}")
@@ -104,11 +110,15 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
     lane_rr = [0] * n_decode
     near = same_node if callable(same_node) else (lambda p, d, _v=bool(same_node): _v)
     rejected = 0
+    if local_prefill_tokens and (mode != "both" or lanes_per != 1):
+        raise ValueError("local prefill needs mode='both' and pp=1 decode instances")
+    local: list[deque[int]] = [deque() for _ in range(n_decode)]
 
     def views() -> tuple[list[InstanceView], list[InstanceView]]:
         pv = [InstanceView(i, "prefill", len(p.queue), p.queued_tokens, p.in_flight, 0, 0, 0)
               for i, p in enumerate(pre)]
-        dv = [InstanceView(i, "decode", sum(len(ln.waiting) for ln in ls), sum(ln.waiting_tokens for ln in ls),
+        dv = [InstanceView(i, "decode", sum(len(ln.waiting) for ln in ls) + len(local[i]),
+                           sum(ln.waiting_tokens for ln in ls) + sum(reqs[r].input_len for r in local[i]),
                            sum(ln.batch for ln in ls), sum(ln.context_tokens() for ln in ls),
                            sum(ln.kv_used for ln in ls), lane_cap * lanes_per) for i, ls in enumerate(lanes)]
         return pv, dv
@@ -127,6 +137,12 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
         if ln.busy:
             return
         ln.admit_waiting(reqs, now)
+        if local[key[0]]:
+            take, dt = _take_local(ln, local[key[0]], reqs, max_prefill_tokens)
+            if take:
+                ln.busy = True
+                sim.push(now + dt, _L_DONE, key[0], take)
+                return
         if not ln.batch:
             return
         ln.busy = True
@@ -170,6 +186,15 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
                 sim.completed(now)
                 continue
             r.prefill_idx, r.decode_idx = choice
+            if r.input_len <= local_prefill_tokens:
+                r.prefill_idx = -1
+                if r.input_len + r.output_len > lane_cap:
+                    r.rejected = True
+                    sim.completed(now)
+                    continue
+                local[r.decode_idx].append(a)
+                kick_lane(lanes[r.decode_idx][0], (r.decode_idx, 0), now)
+                continue
             p = pre[r.prefill_idx]
             p.queue.append(a)
             p.queued_tokens += r.input_len
@@ -190,6 +215,21 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
         elif kind == _XFER_DONE:
             reqs[a].first_token = now
             to_decode(a, now)
+        elif kind == _L_DONE:
+            ln = lanes[a][0]
+            ln.busy = False
+            if ln.batch:  # NOTE: the step also advanced every running decode by one token
+                for _rid in ln.finish_step(reqs, now):
+                    sim.completed(now)
+            for rid in cast(list[int], b):
+                r = reqs[rid]
+                r.first_token = r.decode_start = now
+                if r.output_len <= 1:
+                    r.finish = now
+                    sim.completed(now)
+                else:
+                    ln.admit(rid, r)
+            kick_lane(ln, (a, 0), now)
         elif kind == _D_STEP:
             j, k = cast(tuple[int, int], b)
             ln = lanes[a][j]
@@ -200,7 +240,29 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
     for ls in lanes:
         for ln in ls:
             assert ln.kv_used == 0 and ln.batch == 0, f"decode lane not drained: kv={ln.kv_used} batch={ln.batch}"
+    assert not any(local), "local prefill queue not drained"
     return SimResult.from_states(reqs, policy_rejected=rejected)
+
+
+def _take_local(ln: DecodeLane, queue: deque[int], reqs: list[ReqState], max_tokens: int
+                ) -> tuple[list[int], float]:
+    """Local prefills for the decode lane's next step: whole prompts, FIFO, while their KV fits the lane and
+    their tokens the step's budget left by the running decodes (at least one). Returns (ids, step time)."""
+    take: list[int] = []
+    total = sq = 0
+    kv = ln.kv_used
+    while queue:
+        r = reqs[queue[0]]
+        need = r.input_len + r.output_len
+        if kv + need > ln.capacity or (take and total + r.input_len > max_tokens - ln.batch):
+            break
+        take.append(queue.popleft())
+        kv += need
+        total += r.input_len
+        sq += r.input_len * r.input_len
+    if not take:
+        return take, 0.0
+    return take, ln.lat.mixed_step_time_s(total, sq, ln.batch, ln.context_tokens())
 
 
 def simulate_colocated(lat: LatencyModel, n_instances: int, requests: Sequence[Request], *,

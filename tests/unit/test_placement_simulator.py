@@ -136,3 +136,26 @@ def test_front_end_time_per_prompt_token_is_added_to_ttft_outside_the_engine() -
         for ra, rb, r in zip(a, b, reqs, strict=True):
             assert rb.ttft_s - ra.ttft_s == pytest.approx(50e-6 * r.input_len, abs=1e-9)
             assert rb.tpot_s == pytest.approx(ra.tpot_s)
+
+
+def test_local_prefill_runs_short_prompts_on_the_decode_instance() -> None:
+    """local_prefill_tokens: a short prompt skips the prefill pool and the KV transfer and is prefilled in a
+    step of its decode instance (TTFT = that step alone when idle); the streams decoding there pay for it
+    (TPOT up against remote prefill); long prompts still go remote; every request is accounted for."""
+    m = lat()
+    lone = simulate_disaggregated(m, m, 1, 1, [Request(0.0, 200, 16)], local_prefill_tokens=256).records[0]
+    assert lone.ttft_s == pytest.approx(m.mixed_step_time_s(200, 200**2, 0, 0))
+    remote = simulate_disaggregated(m, m, 1, 1, [Request(0.0, 200, 16)]).records[0]
+    assert remote.ttft_s == pytest.approx(m.prefill_time_s([200]) + m.kv_transfer_time_s(200, False))
+    # one long stream decoding, then short prompts arriving while it runs
+    reqs = [Request(0.0, 1000, 200)] + [Request(0.5 + 0.4 * i, 100, 8) for i in range(10)]
+    loc = simulate_disaggregated(m, m, 1, 1, reqs, local_prefill_tokens=256)
+    rem = simulate_disaggregated(m, m, 1, 1, reqs)
+    assert loc.completed == rem.completed == len(reqs)
+    assert loc.records[0].ttft_s == pytest.approx(rem.records[0].ttft_s)  # 1000 tokens: remote in both
+    assert loc.records[0].tpot_s > rem.records[0].tpot_s
+    chat = Workload.from_spec(CHAT, 300, seed=3).at_rate(10.0)
+    res = simulate_disaggregated(m, m, 1, 2, chat, local_prefill_tokens=400)
+    assert res.completed + res.rejected == 300 and res.rejected == 0
+    with pytest.raises(ValueError, match="local prefill"):
+        simulate_disaggregated(m, m, 1, 1, reqs, local_prefill_tokens=256, mode="prefill")
