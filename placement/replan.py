@@ -55,6 +55,8 @@ class TrafficWindow(NamedTuple):
     tpot_s: tuple[float, ...] = ()
     prompt_tokens: int = 0  # of the finished requests, all of them (the tuples above may be samples)
     cached_tokens: int = 0  # of those, prefix-cache hits the engines reported
+    finished: int = 0  # requests that finished (all of them)
+    local_prefills: int = 0  # of those, prefilled on their decode worker (the router's local placement)
 
     @property
     def rate_rps(self) -> float:
@@ -74,7 +76,8 @@ def merge_windows(windows: Sequence[TrafficWindow], start_s: float, end_s: float
 
     return TrafficWindow(start_s, end_s, sum(w.arrivals for w in windows), joined("prompt_lens"),
                          joined("output_lens"), joined("ttft_s"), joined("tpot_s"),
-                         sum(w.prompt_tokens for w in windows), sum(w.cached_tokens for w in windows))
+                         sum(w.prompt_tokens for w in windows), sum(w.cached_tokens for w in windows),
+                         sum(w.finished for w in windows), sum(w.local_prefills for w in windows))
 
 
 class Sizes(NamedTuple):
@@ -96,6 +99,7 @@ class Decision(NamedTuple):
     forecast_error: float | None  # |forecast made for this window - observed| / observed
     reason: str
     prefix_hit_rate: float = 0.0  # of the recent windows' prompt tokens, as the model counts it
+    local_prefill_tokens: int = 0  # prompts up to this long simulated as prefilled on their decode worker
 
     def as_dict(self) -> dict[str, object]:
         d = self._asdict()
@@ -203,7 +207,7 @@ class Replanner:
         d = Decision(window.end_s, round(window.rate_rps, 4), round(forecast, 4), wanted, target, current,
                      round(att, 4), round(att * rate, 4), round(self.ttft_corr, 4), round(self.tpot_corr, 4),
                      None if self.forecaster.error is None else round(self.forecaster.error, 4),
-                     f"{reason}; {why}", round(self.prefix_hit_rate(), 4))
+                     f"{reason}; {why}", round(self.prefix_hit_rate(), 4), self.local_prefill_tokens())
         self.decisions.append(d)
         del self.decisions[:-500]
         return d
@@ -266,6 +270,19 @@ class Replanner:
         prompt = sum(w.prompt_tokens for w in self._windows)
         return min(MAX_HIT_RATE, sum(w.cached_tokens for w in self._windows) / prompt) if prompt else 0.0
 
+    def local_prefill_tokens(self) -> int:
+        """The prompt length up to which requests count as prefilled on their decode worker: the router
+        decides per request from predicted costs, mostly for short prompts, so the recent windows' share of
+        local prefills is taken as the shortest prompts' share (that quantile of their prompt lengths)."""
+        if self.settings.colocated:
+            return 0
+        done = sum(w.finished for w in self._windows)
+        share = sum(w.local_prefills for w in self._windows) / done if done else 0.0
+        prompts = sorted(n for w in self._windows for n in w.prompt_lens)
+        if share <= 0.0 or not prompts:
+            return 0
+        return prompts[min(len(prompts) - 1, max(0, math.ceil(share * len(prompts)) - 1))]
+
     def models(self) -> tuple[LatencyModel, LatencyModel]:
         """The latency models corrected by what the serving machine measured, with prefill work cut by the
         prefix-cache hit rate the engines report: a cached prefix is not computed again
@@ -285,8 +302,12 @@ class Replanner:
         if s.colocated:
             return simulate_colocated(d_lat, max(1, sizes.decode), reqs, max_prefill_tokens=s.max_prefill_tokens,
                                       chunked_prefill=s.chunked_prefill)
+        local = self.local_prefill_tokens()
+        if local and mode == "prefill":  # NOTE: the prefill pool sees only the prompts it prefills
+            reqs = [r for r in reqs if r.input_len > local] or list(reqs[:1])
         return simulate_disaggregated(p_lat, d_lat, max(1, sizes.prefill), max(1, sizes.decode),
-                                      reqs, mode=mode, max_prefill_tokens=s.max_prefill_tokens)
+                                      reqs, mode=mode, max_prefill_tokens=s.max_prefill_tokens,
+                                      local_prefill_tokens=local if mode != "prefill" else 0)
 
     def attainment(self, wl: Workload, rate: float, sizes: Sizes) -> float:
         ttft, tpot = self._targets()

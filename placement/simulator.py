@@ -93,7 +93,7 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
     `local_prefill_tokens`: prompts of at most this many tokens prefill on the decode instance the dispatch
     picks (the router's `auto` placement sends short prompts there): whole, FIFO, in one step with that
     instance's running decodes (`mixed_step_time_s`, so the streams there pay for it), no KV transfer. Only
-    for pp=1 decode instances; `mode` must be "both".
+    for pp=1 decode instances; `mode` "both" or "decode".
     """
     if n_prefill < 1 or n_decode < 1:
         raise ValueError(f"need at least one prefill and one decode instance, got {n_prefill}, {n_decode}")
@@ -110,8 +110,8 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
     lane_rr = [0] * n_decode
     near = same_node if callable(same_node) else (lambda p, d, _v=bool(same_node): _v)
     rejected = 0
-    if local_prefill_tokens and (mode != "both" or lanes_per != 1):
-        raise ValueError("local prefill needs mode='both' and pp=1 decode instances")
+    if local_prefill_tokens and (mode == "prefill" or lanes_per != 1):
+        raise ValueError("local prefill needs mode 'both' or 'decode' and pp=1 decode instances")
     local: list[deque[int]] = [deque() for _ in range(n_decode)]
 
     def views() -> tuple[list[InstanceView], list[InstanceView]]:
@@ -175,8 +175,13 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
         if kind == _ARRIVE:
             r = reqs[a]
             if mode == "decode":
-                r.first_token = now
                 r.decode_idx = lane_rr.index(min(lane_rr)) if n_decode > 1 else 0
+                if r.input_len <= local_prefill_tokens:  # NOTE: prefilled there, its first token from that step
+                    lane_rr[r.decode_idx] += 1
+                    local[r.decode_idx].append(a)
+                    kick_lane(lanes[r.decode_idx][0], (r.decode_idx, 0), now)
+                    continue
+                r.first_token = now
                 to_decode(a, now)
                 continue
             choice = policy.choose(now, r.input_len, r.output_len, *views())

@@ -171,4 +171,6 @@ class Job:
         tpot = (e2e - ttft) / (per_leg - 1) if per_leg > 1 else 0.0
         m.slo(ttft <= self.ttft_slo_s and tpot <= self.tpot_slo_s)
         if self.svc.traffic is not None:
-            self.svc.traffic.finished(len(self.ids), [leg.tokens for leg in self.legs], ttft, tpot, self.cached_tokens)
+            local = any(leg.decision is not None and leg.decision.local for leg in self.legs)
+            self.svc.traffic.finished(len(self.ids), [leg.tokens for leg in self.legs], ttft, tpot, self.cached_tokens,
+                                      local)

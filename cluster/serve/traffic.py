@@ -43,7 +43,7 @@ class TrafficLog:
     def _reset(self, now: float) -> None:
         self.start_s = now
         self.arrivals = 0
-        self.prompt_tokens = self.cached_tokens = 0
+        self.prompt_tokens = self.cached_tokens = self.finished_n = self.local_n = 0
         self._fields = {k: _Reservoir(self.cap, self._rng)
                         for k in ("prompt_lens", "output_lens", "ttft_s", "tpot_s")}
 
@@ -54,7 +54,10 @@ class TrafficLog:
             self._fields["prompt_lens"].add(prompt_len)
 
     def finished(self, prompt_len: int, output_lens: list[int], ttft_s: float, tpot_s: float,
-                 cached_tokens: int) -> None:
+                 cached_tokens: int, local: bool = False) -> None:
+        """A served request; `local`: the router had it prefilled on its decode worker."""
+        self.finished_n += 1
+        self.local_n += local
         for n in output_lens:
             self._fields["output_lens"].add(n)
         self._fields["ttft_s"].add(ttft_s)
@@ -69,7 +72,8 @@ class TrafficLog:
         f = self._fields
         w = TrafficWindow(self.start_s, now, self.arrivals, tuple(int(v) for v in f["prompt_lens"].items),
                           tuple(int(v) for v in f["output_lens"].items), tuple(f["ttft_s"].items),
-                          tuple(f["tpot_s"].items), self.prompt_tokens, self.cached_tokens)
+                          tuple(f["tpot_s"].items), self.prompt_tokens, self.cached_tokens, self.finished_n,
+                          self.local_n)
         self._reset(now)
         return w
 

@@ -142,8 +142,13 @@ def test_traffic_log_counts_every_arrival_and_bounds_its_samples() -> None:
     assert w.arrivals == 550 and len(w.prompt_lens) == 50 and min(w.prompt_lens) >= 100
     assert len(w.ttft_s) == 50 and len(w.tpot_s) == 50
     assert w.prompt_tokens == 301 * 120 and w.cached_tokens == 300 * 40 + 120
+    assert w.finished == 301 and w.local_prefills == 0
     nxt = log.take()
     assert nxt.arrivals == 0 and nxt.start_s >= w.end_s
+    log.finished(50, [8], 0.1, 0.01, cached_tokens=0, local=True)
+    log.finished(900, [8], 0.3, 0.01, cached_tokens=0)
+    last = log.take()
+    assert (last.finished, last.local_prefills) == (2, 1)
 
 
 def test_resource_bundles_keep_a_strict_pack_engine_on_one_node() -> None:
@@ -255,6 +260,26 @@ def test_prefix_cache_hits_the_engines_report_shrink_the_prefill_pool(lat: Laten
     assert warm.prefix_hit_rate == pytest.approx(0.8, abs=1e-3) and cold.prefix_hit_rate == 0.0
     assert warm.wanted.prefill < cold.wanted.prefill, (warm.wanted, cold.wanted)
     assert warm.wanted.decode == cold.wanted.decode
+
+
+def test_local_prefills_the_router_placed_move_prefill_work_to_the_decode_pool(lat: LatencyModel) -> None:
+    """Windows where the router prefilled half the finished requests on their decode workers: the loop
+    simulates the shortest half of the prompts as local prefills (the decision shows the length), so it
+    wants no more prefill engines and no fewer decode engines than with every prompt prefilled remotely."""
+    def plan(local: int) -> tuple:
+        rp = Replanner(lat, lat, SLO, LoopSettings(max=Sizes(32, 32), history=2))
+        rng = np.random.default_rng(5)
+        d = None
+        for i in range(2):
+            w = window(i, 40.0, rng, prompt=(200, 2000))
+            d = rp.step(w._replace(finished=100, local_prefills=local), Sizes(1, 1))
+        return d, sorted(n for w in rp._windows for n in w.prompt_lens)
+
+    (remote, _), (half, prompts) = plan(0), plan(50)
+    assert remote.local_prefill_tokens == 0
+    assert half.local_prefill_tokens == prompts[len(prompts) // 2 - 1]
+    assert half.wanted.prefill <= remote.wanted.prefill and half.wanted.decode >= remote.wanted.decode
+    assert half.wanted != remote.wanted, (half.wanted, remote.wanted)
 
 
 def test_a_colocated_loop_simulates_the_chunked_prefill_its_engines_run() -> None:
