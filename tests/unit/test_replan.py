@@ -242,19 +242,25 @@ def test_the_live_loop_plans_a_speculating_pool_at_its_measured_acceptance() -> 
     assert rp.prefill_lat is not rp.decode_lat and loop.status()["speculative_acceptance"] == 0.6
 
 
+def _two_windows(lat: LatencyModel, seed: int, prompt: tuple[int, int], edit) -> tuple:
+    """The decision after two 40 req/s windows, each edited by `edit(window)`, and the loop's prompt sample."""
+    rp = Replanner(lat, lat, SLO, LoopSettings(max=Sizes(32, 32), history=2))
+    rng = np.random.default_rng(seed)
+    d = None
+    for i in range(2):
+        d = rp.step(edit(window(i, 40.0, rng, prompt=prompt)), Sizes(1, 1))
+    return d, sorted(n for w in rp._windows for n in w.prompt_lens)
+
+
 def test_prefix_cache_hits_the_engines_report_shrink_the_prefill_pool(lat: LatencyModel) -> None:
     """Windows whose engines served 80% of the prompt tokens from their prefix caches: the loop plans fewer
     prefill engines for the same arrivals than with no hits, the decode pool is unchanged, and the
     decision reports the hit rate it planned with."""
-    def plan(hit: float) -> tuple:
-        rp = Replanner(lat, lat, SLO, LoopSettings(max=Sizes(32, 32), history=2))
-        rng = np.random.default_rng(3)
-        d = None
-        for i in range(2):
-            w = window(i, 40.0, rng, prompt=(2000, 6000))
+    def plan(hit: float):
+        def edit(w: TrafficWindow) -> TrafficWindow:
             tokens = sum(w.prompt_lens) * 12  # NOTE: the finished requests' totals (the lengths are a sample)
-            d = rp.step(w._replace(prompt_tokens=tokens, cached_tokens=int(hit * tokens)), Sizes(1, 1))
-        return d
+            return w._replace(prompt_tokens=tokens, cached_tokens=int(hit * tokens))
+        return _two_windows(lat, 3, (2000, 6000), edit)[0]
 
     cold, warm = plan(0.0), plan(0.8)
     assert warm.prefix_hit_rate == pytest.approx(0.8, abs=1e-3) and cold.prefix_hit_rate == 0.0
@@ -266,14 +272,8 @@ def test_local_prefills_the_router_placed_move_prefill_work_to_the_decode_pool(l
     """Windows where the router prefilled half the finished requests on their decode workers: the loop
     simulates the shortest half of the prompts as local prefills (the decision shows the length), so it
     wants no more prefill engines and no fewer decode engines than with every prompt prefilled remotely."""
-    def plan(local: int) -> tuple:
-        rp = Replanner(lat, lat, SLO, LoopSettings(max=Sizes(32, 32), history=2))
-        rng = np.random.default_rng(5)
-        d = None
-        for i in range(2):
-            w = window(i, 40.0, rng, prompt=(200, 2000))
-            d = rp.step(w._replace(finished=100, local_prefills=local), Sizes(1, 1))
-        return d, sorted(n for w in rp._windows for n in w.prompt_lens)
+    def plan(local: int):
+        return _two_windows(lat, 5, (200, 2000), lambda w: w._replace(finished=100, local_prefills=local))
 
     (remote, _), (half, prompts) = plan(0), plan(50)
     assert remote.local_prefill_tokens == 0
