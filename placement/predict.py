@@ -105,8 +105,6 @@ def predict(*, model: str, hardware: str, weight_dtype: str = "bf16", kv_dtype: 
                                      dispatch=GroupedDispatch(pg, dg), same_node=lambda a, b: pg[a] == dg[b],
                                      max_prefill_tokens=budget, ramp_s=ramp,
                                      local_prefill_tokens=local_prefill_tokens)
-        if ld.pp != 1 and local_prefill_tokens:
-            raise PlacementError("--local-prefill-tokens needs pp=1 decode instances")
         shape = {"prefill": {"instances": prefill_instances, "tp": prefill_tp, "pp": 1},
                  "decode": {"instances": decode_instances, "tp": decode_tp, "pp": 1},
                  "gpus": prefill_instances * lp.gpus + decode_instances * ld.gpus}

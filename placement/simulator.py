@@ -170,6 +170,16 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
         ln.waiting_tokens += r.input_len
         kick_lane(ln, (d, j), now)
 
+    def to_local(rid: int, now: float) -> None:
+        """Queue a local prefill on its decode instance (rejected if it cannot fit even an empty lane)."""
+        r = reqs[rid]
+        if r.input_len + r.output_len > lane_cap:
+            r.rejected = True
+            sim.completed(now)
+            return
+        local[r.decode_idx].append(rid)
+        kick_lane(lanes[r.decode_idx][0], (r.decode_idx, 0), now)
+
     while sim.events:
         now, _, kind, a, b = heapq.heappop(sim.events)
         if kind == _ARRIVE:
@@ -178,8 +188,7 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
                 r.decode_idx = lane_rr.index(min(lane_rr)) if n_decode > 1 else 0
                 if r.input_len <= local_prefill_tokens:  # NOTE: prefilled there, its first token from that step
                     lane_rr[r.decode_idx] += 1
-                    local[r.decode_idx].append(a)
-                    kick_lane(lanes[r.decode_idx][0], (r.decode_idx, 0), now)
+                    to_local(a, now)
                     continue
                 r.first_token = now
                 to_decode(a, now)
@@ -193,12 +202,7 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
             r.prefill_idx, r.decode_idx = choice
             if r.input_len <= local_prefill_tokens:
                 r.prefill_idx = -1
-                if r.input_len + r.output_len > lane_cap:
-                    r.rejected = True
-                    sim.completed(now)
-                    continue
-                local[r.decode_idx].append(a)
-                kick_lane(lanes[r.decode_idx][0], (r.decode_idx, 0), now)
+                to_local(a, now)
                 continue
             p = pre[r.prefill_idx]
             p.queue.append(a)

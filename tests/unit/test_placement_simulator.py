@@ -157,5 +157,9 @@ def test_local_prefill_runs_short_prompts_on_the_decode_instance() -> None:
     chat = Workload.from_spec(CHAT, 300, seed=3).at_rate(10.0)
     res = simulate_disaggregated(m, m, 1, 2, chat, local_prefill_tokens=400)
     assert res.completed + res.rejected == 300 and res.rejected == 0
+    too_big = [Request(0.0, 100, 100_000)]  # more KV than a whole lane: rejected, in either mode
+    for mode in ("both", "decode"):
+        out = simulate_disaggregated(m, m, 1, 1, too_big, local_prefill_tokens=256, mode=mode)
+        assert out.rejected == 1 and out.completed == 0
     with pytest.raises(ValueError, match="local prefill"):
         simulate_disaggregated(m, m, 1, 1, reqs, local_prefill_tokens=256, mode="prefill")
