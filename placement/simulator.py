@@ -43,24 +43,23 @@ SameNode = Callable[[int, int], bool]
 
 class _Sim:
     def __init__(self, requests: Sequence[Request], clients: int | None, ramp_s: float | Sequence[float] = 0.0,
-                 entry_delay_s: float = 0.0, entry_delay_s_per_token: float = 0.0) -> None:
+                 entry_delay: Callable[[int], float] | None = None) -> None:
         self.reqs = [ReqState(r.arrival_s, r.input_len, r.output_len) for r in requests]
         self.events: list[tuple[float, int, int, int, object]] = []
         self.seq = 0
         self.next_closed = 0
         self.clients = clients
-        self.delay = entry_delay_s
-        self.delay_tok = entry_delay_s_per_token
+        self.delay = entry_delay or (lambda _tokens: 0.0)  # NOTE: a prompt's front-end time (LatencyModel.request_overhead)
         if clients is None:
             for rid, r in enumerate(self.reqs):
-                self.push(r.arrival + self.delay + self.delay_tok * r.input_len, _ARRIVE, rid, None)
+                self.push(r.arrival + self.delay(r.input_len), _ARRIVE, rid, None)
         else:
             first = min(clients, len(self.reqs))
             starts = [i * ramp_s / clients for i in range(first)] if isinstance(ramp_s, float | int) else list(ramp_s)
             for rid in range(first):
                 t = starts[rid]
                 self.reqs[rid].arrival = t
-                self.push(t + self.delay + self.delay_tok * self.reqs[rid].input_len, _ARRIVE, rid, None)
+                self.push(t + self.delay(self.reqs[rid].input_len), _ARRIVE, rid, None)
             self.next_closed = first
 
     def push(self, t: float, kind: int, a: int, b: object) -> None:
@@ -76,7 +75,7 @@ class _Sim:
             rid = self.next_closed
             self.next_closed += 1
             self.reqs[rid].arrival = now
-            self.push(now + self.delay + self.delay_tok * self.reqs[rid].input_len, _ARRIVE, rid, None)
+            self.push(now + self.delay(self.reqs[rid].input_len), _ARRIVE, rid, None)
 
 
 def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, n_prefill: int, n_decode: int,
@@ -97,8 +96,7 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
     """
     if n_prefill < 1 or n_decode < 1:
         raise ValueError(f"need at least one prefill and one decode instance, got {n_prefill}, {n_decode}")
-    sim = _Sim(requests, clients, ramp_s, 0.0 if mode == "decode" else prefill_lat.request_overhead_s,
-               0.0 if mode == "decode" else prefill_lat.request_overhead_s_per_token)
+    sim = _Sim(requests, clients, ramp_s, None if mode == "decode" else prefill_lat.request_overhead)
     reqs = sim.reqs
     policy = dispatch or RoundRobinDispatch()
     pre = [PrefillInstance(prefill_lat, max_prefill_tokens, pipe=Pipeline.of(prefill_lat.pp, prefill_lat))
@@ -284,7 +282,7 @@ def simulate_colocated(lat: LatencyModel, n_instances: int, requests: Sequence[R
         raise ValueError(f"need at least one colocated instance, got {n_instances}")
     if lat.pp != 1:
         raise ValueError(f"the colocated simulator runs pp=1 engines, got pp={lat.pp}")
-    sim = _Sim(requests, clients, ramp_s, lat.request_overhead_s, lat.request_overhead_s_per_token)
+    sim = _Sim(requests, clients, ramp_s, lat.request_overhead)
     reqs = sim.reqs
     insts = [ColocatedInstance(DecodeLane(lat, lat.kv_capacity_tokens(), Pipeline.of(1)), max_prefill_tokens,
                                chunked_prefill) for _ in range(n_instances)]
