@@ -166,6 +166,7 @@ class Replanner:
         self.ttft_corr = 1.0
         self.tpot_corr = 1.0
         self._corrected: tuple[tuple[float, ...], LatencyModel, LatencyModel] | None = None
+        self._local = 0
         self._windows: deque[TrafficWindow] = deque(maxlen=max(1, s.history))
         self._recent: deque[Sizes] = deque(maxlen=max(1, s.down_after))
         self._changed_at = -math.inf
@@ -182,6 +183,7 @@ class Replanner:
     # ---- one interval ------------------------------------------------------------------------------
     def step(self, window: TrafficWindow, current: Sizes) -> Decision:
         self._windows.append(window)
+        self._local = self._local_threshold()  # NOTE: once per window; every sizing probe reads it
         wl = self._workload()
         if wl is not None and window.arrivals:
             self._correct(window, current, wl)
@@ -271,6 +273,11 @@ class Replanner:
         return min(MAX_HIT_RATE, sum(w.cached_tokens for w in self._windows) / prompt) if prompt else 0.0
 
     def local_prefill_tokens(self) -> int:
+        """The prompt length up to which requests count as prefilled on their decode worker (see
+        `_local_threshold`; set as each window arrives)."""
+        return self._local
+
+    def _local_threshold(self) -> int:
         """The prompt length up to which requests count as prefilled on their decode worker: the router
         decides per request from predicted costs, mostly for short prompts, so the recent windows' share of
         local prefills is taken as the shortest prompts' share (that quantile of their prompt lengths)."""
