@@ -274,12 +274,8 @@ class LatencyModel:
     def refitted(self, coeffs: Coefficients, label: str) -> LatencyModel:
         """This instance with its compute terms replaced by DistServe coefficients measured on the instance
         itself (at its own tp: no scaling); KV size, capacity and network stay."""
-        return LatencyModel(_regression_terms(coeffs, 1, 1.0, 0.0), tp=self.tp, pp=self.pp,
-                            kv_bytes_per_token=self._kvb, kv_capacity_tokens=self._kv_cap,
-                            same_node_bps=self._same_bps, cross_node_bps=self._cross_bps,
-                            transfer_latency_s=self.transfer_latency_s, label=label,
-                            request_overhead_s=self.request_overhead_s,
-                            request_overhead_s_per_token=self.request_overhead_s_per_token)
+        return self._derived(_regression_terms(coeffs, 1, 1.0, 0.0), label, shared_weights=False, stages=None,
+                             tokens_per_step=1.0)
 
     def with_speculation(self, k: int, acceptance: float) -> LatencyModel:
         """Decode with `k` draft tokens per step accepted independently with probability `acceptance`
@@ -294,12 +290,7 @@ class LatencyModel:
         d = {"d_mem_c": t.d_mem_c / tokens, "d_mem_a": t.d_mem_a / tokens, "d_comp_b": t.d_comp_b * v / tokens,
              "d_comp_a": t.d_comp_a * v / tokens, "d_fixed": t.d_fixed / tokens, "d_lin": t.d_lin * v / tokens}
         p = {f: getattr(t, f) for f in ("pa", "pb", "p_mem", "p_fixed", "p_lin")}
-        return LatencyModel(Terms(**p, **d), tp=self.tp, pp=self.pp, kv_bytes_per_token=self._kvb,
-                            kv_capacity_tokens=self._kv_cap, same_node_bps=self._same_bps,
-                            cross_node_bps=self._cross_bps, transfer_latency_s=self.transfer_latency_s,
-                            label=f"{self.label} spec{k}@{a:.2f}", shared_weights=self.shared_weights,
-                            request_overhead_s=self.request_overhead_s, stages=self.stages, tokens_per_step=tokens,
-                            request_overhead_s_per_token=self.request_overhead_s_per_token)
+        return self._derived(Terms(**p, **d), f"{self.label} spec{k}@{a:.2f}", tokens_per_step=tokens)
 
     def with_prefix_hits(self, rate: float) -> LatencyModel:
         """Prefill when a share `rate` of every prompt's tokens is already in the prefix cache (a cached
@@ -312,13 +303,7 @@ class LatencyModel:
         t = self.terms
         terms = Terms(t.pa * (1 - h), t.pb * (1 - h * h), t.p_mem, t.p_fixed, t.p_lin * (1 - h), t.d_mem_c,
                       t.d_mem_a, t.d_comp_b, t.d_comp_a, t.d_fixed, t.d_lin)
-        return LatencyModel(terms, tp=self.tp, pp=self.pp, kv_bytes_per_token=self._kvb,
-                            kv_capacity_tokens=self._kv_cap, same_node_bps=self._same_bps,
-                            cross_node_bps=self._cross_bps, transfer_latency_s=self.transfer_latency_s,
-                            label=f"{self.label} hits{h:.2f}", shared_weights=self.shared_weights,
-                            request_overhead_s=self.request_overhead_s, stages=self.stages,
-                            tokens_per_step=self.tokens_per_step,
-                            request_overhead_s_per_token=self.request_overhead_s_per_token)
+        return self._derived(terms, f"{self.label} hits{h:.2f}")
 
     def scaled(self, prefill_k: float, decode_k: float) -> LatencyModel:
         """This instance with every prefill time multiplied by `prefill_k` and every decode step by
@@ -326,13 +311,20 @@ class LatencyModel:
         t = self.terms
         p = {f: getattr(t, f) * prefill_k for f in ("pa", "pb", "p_mem", "p_fixed", "p_lin")}
         d = {f: getattr(t, f) * decode_k for f in ("d_mem_c", "d_mem_a", "d_comp_b", "d_comp_a", "d_fixed", "d_lin")}
-        return LatencyModel(Terms(**p, **d), tp=self.tp, pp=self.pp, kv_bytes_per_token=self._kvb,
-                            kv_capacity_tokens=self._kv_cap, same_node_bps=self._same_bps,
-                            cross_node_bps=self._cross_bps, transfer_latency_s=self.transfer_latency_s,
-                            label=f"{self.label} x{prefill_k:.3g}/{decode_k:.3g}", shared_weights=self.shared_weights,
-                            request_overhead_s=self.request_overhead_s * prefill_k, stages=self.stages,
-                            tokens_per_step=self.tokens_per_step,
-                            request_overhead_s_per_token=self.request_overhead_s_per_token * prefill_k)
+        return self._derived(Terms(**p, **d), f"{self.label} x{prefill_k:.3g}/{decode_k:.3g}",
+                             request_overhead_s=self.request_overhead_s * prefill_k,
+                             request_overhead_s_per_token=self.request_overhead_s_per_token * prefill_k)
+
+    def _derived(self, terms: Terms, label: str, **changed: object) -> LatencyModel:
+        """This instance with other terms and label (KV size, capacity, links, front-end, pipeline and tokens
+        per step kept unless `changed` names them)."""
+        kw: dict[str, object] = dict(
+            tp=self.tp, pp=self.pp, kv_bytes_per_token=self._kvb, kv_capacity_tokens=self._kv_cap,
+            same_node_bps=self._same_bps, cross_node_bps=self._cross_bps, transfer_latency_s=self.transfer_latency_s,
+            shared_weights=self.shared_weights, request_overhead_s=self.request_overhead_s, stages=self.stages,
+            tokens_per_step=self.tokens_per_step, request_overhead_s_per_token=self.request_overhead_s_per_token)
+        kw.update(changed)
+        return LatencyModel(terms, label=label, **kw)  # type: ignore[arg-type]
 
     @classmethod
     def from_profile(cls, path: str | Path) -> LatencyModel:
