@@ -12,6 +12,9 @@ From placement's LatencyModel and each worker's WorkerStats (docs/router.md has 
                  queued requests on p, or the batch on d, would lose because of us)
 
 `r_p`, `r_d` are per-worker EWMAs of observed/predicted ratios (`observe`, and decode step times).
+An engine prefills the prompts waiting together in one step, so a request routed later to the same step
+ends it later for all of them: the earlier ones' TTFT predictions are revised to its end before `observe`
+compares them with what happened (`_revise`).
 Requests routed here that a worker's stats do not show yet are added from per-worker ledgers. The
 pair with the highest value wins; ties go to the prefill worker that last served the prompt's prefix
 (prefix-cache affinity), then to the lower prediction (load). Per worker, the request-independent
@@ -35,6 +38,7 @@ from engine.stats import WorkerStats
 from placement.latency import LatencyModel
 
 LOCAL_PER_SNAPSHOT = 2  # local prefills per decode worker between two of its stats snapshots (auto)
+TICKETS = 4096  # TTFT predictions kept for revision until their request is observed (oldest dropped first)
 
 if TYPE_CHECKING:
     from cluster.config import RouterConfig, SLOConfig
@@ -95,6 +99,11 @@ class GoodputPolicy(Policy):
         self._affinity_entries = affinity_entries
         self.prefix_hit_tokens = 0  # prompt tokens predicted cached on the prefill worker chosen (admitted)
         self._avg_out = 128.0
+        # NOTE: ticket -> [routed at, predicted start and end of its prefill step, transfer]; per prefill worker
+        # its routes' (ticket, prompt tokens computed) in routing order, for _revise
+        self._tickets: OrderedDict[int, list[float]] = OrderedDict()
+        self._batches: dict[str, deque[tuple[int, int]]] = {}
+        self._next_ticket = 0
 
     @classmethod
     def from_config(cls, *, router_cfg: RouterConfig | None = None, slo: SLOConfig | None = None,
@@ -303,6 +312,7 @@ class GoodputPolicy(Policy):
                 p_own, value = p_own / pt * pt_a, value + (pt_a - harm(aff_i)) - (pt - harm(pi))
                 pi, x = aff_i, xa
         ttft_s = costs[pi] + x
+        maxb = pool[pi].step_tokens or self.max_prefill_tokens
         if not colocated and self.disaggregation != "always":
             local = self._local(req, d, step, tpot, value)
             if local is not None:
@@ -320,9 +330,14 @@ class GoodputPolicy(Policy):
                                      step_ratio=self.states[d.worker_id].step_ratio)
         admit = p_own >= self.admit_probability and value > 0
         p_id = None if colocated else prefill[pi].worker_id
+        ticket = 0
         if admit or self.record_refused:
-            self._record(req, self.states[pool[pi].worker_id], self.states[d.worker_id], p_id, now, ttft_s,
-                         x, hit if pi == aff_i else 0)
+            n_hit, ps = hit if pi == aff_i else 0, self.states[pool[pi].worker_id]
+            # NOTE: behind a queue (another ingress's too) our step starts once its own compute is all that is left
+            wait = costs[pi] - (own_hit if n_hit else own) * ps.ttft_ratio if ps.q or ps.run else 0.0
+            ticket = self._revise(pool[pi].worker_id, maxb, now, costs[pi], x, prompt - n_hit, wait)
+            self._record(req, self.states[pool[pi].worker_id], self.states[d.worker_id], p_id, now, ttft_s, x,
+                         n_hit)
         if admit and pi == aff_i and hit:
             self.prefix_hit_tokens += hit
         placement = "" if colocated else "remote:" + ("always" if self.disaggregation == "always" else "cheaper")
@@ -332,7 +347,42 @@ class GoodputPolicy(Policy):
             f"no pair meets the targets: best P(slo)={p_own:.3f} (net of others {value:.3f}), TTFT "
             f"{ttft_s:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {tpot:.3f} s vs {req.tpot_slo_s:.3f} s")
         return RouteDecision(admit, p_id, d.worker_id, reason, ttft_s, tpot if out > 1 else None, p_own,
-                             placement=placement, step_ratio=self.states[d.worker_id].step_ratio)
+                             placement=placement, step_ratio=self.states[d.worker_id].step_ratio, ticket=ticket)
+
+    def _revise(self, wid: str, maxb: int, now: float, cost: float, transfer: float, tokens: int,
+                wait: float) -> int:
+        """Book a route to prefill worker `wid` (`tokens` to compute, its prefill predicted to end `cost` s from
+        now, to start `wait` s from now where none of ours is ahead) and return its ticket. Routes there still
+        waiting for their step (predicted to start after now) that fit in one step with it (`maxb` tokens, newest
+        first) are prefilled in its step: their predicted prefill end becomes its own. Its step starts when
+        they were to start, else when the step before ends."""
+        tickets, end = self._tickets, now + cost
+        batch = self._batches.get(wid)
+        if batch is None:
+            batch = self._batches[wid] = deque()
+        while batch and batch[0][0] not in tickets:  # NOTE: observed, or dropped as too old
+            batch.popleft()
+        acc, start = tokens, now + max(0.0, wait)
+        for tk, n in reversed(batch):
+            e = tickets.get(tk)
+            if e is None:
+                continue
+            if e[1] <= now:  # NOTE: its step has started: ours comes after it
+                start = max(now, e[2])
+                break
+            if acc + n > maxb:  # NOTE: a full step waiting before ours
+                start = e[2]
+                break
+            acc += n
+            start = e[1]
+            if e[2] < end:
+                e[2] = end
+        self._next_ticket += 1
+        batch.append((self._next_ticket, tokens))
+        tickets[self._next_ticket] = [now, min(start, end), end, transfer]
+        while len(tickets) > TICKETS:
+            tickets.popitem(last=False)
+        return self._next_ticket
 
     def _local(self, req: RouteRequest, d: WorkerStats, step: float, tpot: float, remote_value: float
                ) -> tuple[float, float, float, str] | None:
@@ -404,13 +454,16 @@ class GoodputPolicy(Policy):
     def observe(self, decision: RouteDecision, route: RouteRequest, ttft_s: float,
                 tpot_s: float | None) -> None:
         """Feedback after a request: move the serving workers' correction ratios toward observed/predicted."""
-        if decision.predicted_ttft_s is not None and math.isfinite(decision.predicted_ttft_s):
+        pred, wid = decision.predicted_ttft_s, decision.prefill or decision.decode
+        e = self._tickets.pop(decision.ticket, None) if decision.ticket else None
+        if e is not None:  # NOTE: as revised by later routes into its prefill step
+            pred = e[2] - e[0] + e[3]
+        if pred is not None and math.isfinite(pred):
             self._seq += 1
             p_tpot = decision.predicted_tpot_s
-            self.predictions.append((self._seq, round(decision.predicted_ttft_s, 4), round(ttft_s, 4),
+            self.predictions.append((self._seq, round(pred, 4), round(ttft_s, 4),
                                      None if p_tpot is None or not math.isfinite(p_tpot) else round(p_tpot, 5),
                                      None if tpot_s is None else round(tpot_s, 5)))
-        pred, wid = decision.predicted_ttft_s, decision.prefill or decision.decode
         if wid and pred and math.isfinite(pred) and ttft_s > 0:
             st = self._state(wid)
             st.ttft_ratio = _ewma(st.ttft_ratio, ttft_s / pred, self.alpha)

@@ -50,6 +50,7 @@ class RouteDecision(NamedTuple):
     local: bool = False  # prefill on the decode worker itself (no KV transfer); `prefill` is then None
     placement: str = ""  # "remote:<why>" / "local:<why>" (router.disaggregation), counted in /metrics
     step_ratio: float | None = None  # goodput: the decode worker's step-time correction the TPOT used
+    ticket: int = 0  # goodput: its key to the TTFT prediction that later routes to the same batch revise
 
 
 class Policy(ABC):

@@ -36,14 +36,21 @@ def off_burst(deployment, workers) -> list[dict]:
 @pytest.fixture(scope="module")
 def admission_endpoint(deployment, off_burst):
     """A second ingress on the same pools: goodput policy, admission 'reject', under /adm on its own port."""
-    # NOTE: ewma_alpha 0.3 (default 0.1): the four warm-up requests below are all the traffic this
-    # ingress has seen. A cautious operator's admit_probability 0.95 (default 0.5; see
-    # benchmarks/admission.py) keeps the burst's shared prefill step inside the target. Every prompt on the prefill worker (disaggregation always): this burst is
-    # about admission on one prefill engine; local prefill (auto, the default) is tested below on its own
-    # ingress. The burst's targets are this ingress's own SLO: a header may only tighten them.
+    # NOTE: ewma_alpha 0.3 (default 0.1): the warm-up traffic below (adm.warm) is all this ingress has seen.
+    # A cautious operator's admit_probability 0.95 (default 0.5; see benchmarks/admission.py) keeps the
+    # burst's shared prefill step inside the target. Every prompt on the prefill worker (disaggregation
+    # always): this burst is about admission on one prefill engine; local prefill (auto, the default) is
+    # tested below on its own ingress. The burst's targets are this ingress's own SLO: a header may only
+    # tighten them.
     with adm.ingress(deployment, "itest-adm", "/adm", adm.ADMISSION_ROUTER,
                      slo=deployment["config"].slo.model_copy(update=TARGETS)) as url:
         yield url
+
+
+def _last_seq(endpoint: str) -> int:
+    """The sequence number of the last finished request the goodput router has a prediction for."""
+    preds = httpx.get(f"{endpoint}/v1/stats", timeout=10).json()["router"]["predictions"]
+    return preds[-1][0] if preds else 0
 
 
 def _metric(text: str, name: str, label: str) -> float:
@@ -81,16 +88,15 @@ def test_burst_with_admission_beats_admission_off(off_burst, admission_endpoint,
     # NOTE: admission predicts with the latency model the controller measures on these engines (this goodput
     # ingress asked for it when it came up) once the box is quiet: here, while nothing else runs.
     cal = adm.wait_calibrated(admission_endpoint)
-    # A few requests on idle workers first: the goodput policy corrects its latency model online (EWMA of
-    # observed/predicted), as it would have done in any deployment that has served traffic.
-    for i in range(4):
-        r = httpx.post(f"{admission_endpoint}/v1/completions", timeout=120, json={
-            "model": model_name, "prompt": " ".join(f"warm{i}x{k}" for k in range(30)), "max_tokens": 12,
-            "ignore_eos": True})
-        assert r.status_code == 200, r.text
+    # Served traffic first (lone requests and one burst): the goodput policy corrects its latency model online
+    # (EWMA of observed/predicted), as it would have done in any deployment that has served traffic.
+    adm.warm(admission_endpoint, model_name, BURST, TARGETS, workers)
     before = httpx.get(f"{admission_endpoint}/metrics", timeout=10).text
+    seq0 = _last_seq(admission_endpoint)
     on = adm.burst(admission_endpoint, model_name, BURST, 2, TARGETS)
     after = httpx.get(f"{admission_endpoint}/metrics", timeout=10).text
+    router = httpx.get(f"{admission_endpoint}/v1/stats", timeout=10).json()["router"]
+    predicted = [(p[1], p[2]) for p in router["predictions"] if p[0] > seq0]
 
     rejected = [r for r in on if r["status"] == 429]
     admitted = [r for r in on if r["status"] == 200]
@@ -100,7 +106,8 @@ def test_burst_with_admission_beats_admission_off(off_burst, admission_endpoint,
     print(f"\nrouter latency model {cal['source']}; admission off: attainment {att_off:.0%}, max e2e {max(r['e2e'] for r in off):.1f}s; "
           f"admission on: {len(admitted)} admitted, {len(rejected)} rejected, attainment of admitted "
           f"{att_admitted:.0%}, overall {n_met / len(on):.0%}; admitted (ttft, tpot): "
-          f"{[(round(r['ttft'] or -1, 2), round(r['tpot'] or -1, 3)) for r in admitted]}")
+          f"{[(round(r['ttft'] or -1, 2), round(r['tpot'] or -1, 3)) for r in admitted]}; the router's TTFT "
+          f"(predicted, measured): {predicted}; corrections {router['corrections']}")
     assert {r["status"] for r in on} <= {200, 429}
     assert admitted, f"every request of the burst was refused: {rejected[0]['body']}"
     assert all(r["retry_after"] and '"error"' in r["body"] for r in rejected)

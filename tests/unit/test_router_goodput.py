@@ -264,3 +264,52 @@ def test_a_speculating_decode_engine_is_predicted_at_its_measured_acceptance() -
     assert q.states["d0"].step_ratio > 1.2
     with pytest.raises(ValueError, match="speculative_tokens"):
         policy(speculative_tokens=-1)
+
+
+def test_requests_that_share_a_prefill_step_are_judged_by_its_end() -> None:
+    """Prompts waiting together are prefilled in one engine step and all get their first token at its end: a
+    route that joins the step revises the earlier ones' TTFT predictions to its own, so a request that was
+    delayed by later routes does not read as a slow worker (the correction stays at 1)."""
+    p = policy(ewma_alpha=0.5)
+    busy = pw(0, queued=200, waiting=1, running=1)  # one batch running, one request waiting
+    ds = []
+    for _ in range(3):  # NOTE: routed after the stats snapshot (ts 1000), which does not show them yet
+        p.clock.t += 0.01
+        ds.append(p(req(), [busy], [dw(0)]))
+    ends = [d.predicted_ttft_s for d in ds]
+    assert ends[0] < ends[1] < ends[2]  # each saw the queue of the earlier ones
+    # what happened: they shared one step, which ended when the last one was predicted to (each request's TTFT
+    # counts from its own routing, 10 ms apart)
+    measured = [ends[2] + 0.01 * (2 - i) for i in range(3)]
+    for d, m in zip(ds, measured, strict=True):
+        p.observe(d, req(), m, 0.05)
+    assert p.describe()["corrections"]["p0"]["ttft"] == pytest.approx(1.0, abs=1e-3)
+    assert [m[1] for m in p.predictions] == pytest.approx(measured, abs=1e-3)
+
+
+def test_routes_that_cannot_share_a_step_keep_their_own_prediction() -> None:
+    """With a 256-token step budget two 200-token prompts are two steps: the first keeps its prediction, and
+    observing it take as long as the second's is a slowdown the correction learns."""
+    p = policy(ewma_alpha=0.5)
+    busy = pw(0, queued=200, waiting=1, running=1)._replace(step_tokens=256)
+    p.clock.t += 0.01
+    first = p(req(), [busy], [dw(0)])
+    p.clock.t += 0.01
+    second = p(req(), [busy], [dw(0)])
+    assert second.predicted_ttft_s > first.predicted_ttft_s
+    p.observe(first, req(), second.predicted_ttft_s, 0.05)
+    assert p.predictions[-1][1] == pytest.approx(first.predicted_ttft_s, abs=1e-3)
+    assert p.describe()["corrections"]["p0"]["ttft"] > 1.05
+
+
+def test_the_first_route_to_an_idle_engine_starts_its_own_step() -> None:
+    """An engine idle in its stats prefills the first request that reaches it at once: a second route, though
+    the stats do not show the first yet, does not revise the first one's prediction."""
+    p = policy()
+    p.clock.t += 0.01
+    first = p(req(), [pw(0)], [dw(0)])
+    p.clock.t += 0.01
+    second = p(req(), [pw(0)], [dw(0)])
+    assert second.predicted_ttft_s > first.predicted_ttft_s
+    p.observe(first, req(), first.predicted_ttft_s, 0.05)
+    assert p.predictions[-1][1] == pytest.approx(first.predicted_ttft_s, abs=1e-3)
