@@ -90,6 +90,10 @@ class WorkloadSpec(_Strict):
                                    "in their prefix cache (multi-turn chat, shared system prompts; the "
                                    "running engines report it, the planner loop's status shows it): "
                                    "prefill is planned without them")
+    local_prefill_tokens: int = Field(0, ge=0, description="prompts of at most this many tokens are prefilled "
+                                      "on their decode worker (router.disaggregation auto takes short prompts "
+                                      "there; the planner loop measures the share): the prefill pool is planned "
+                                      "without them, the decode pool with their prefill steps among its streams")
 
     @model_validator(mode="after")
     def _lengths(self) -> WorkloadSpec:

@@ -105,9 +105,10 @@ def _verify(ctx: PlanContext, p: PhaseChoice, d: PhaseChoice, n: int, m: int, p_
             d_group: list[int], rate: float) -> SimResult:
     nreq = min(MAX_VERIFY_REQUESTS, max(ctx.cfg.search.requests, 40 * (n + m)))
     wl = Workload.from_spec(ctx.cfg.workload, nreq, ctx.cfg.search.seed + 1, ctx.max_context)
+    local = ctx.cfg.workload.local_prefill_tokens if d.lat.pp == 1 else 0
     return simulate_disaggregated(p.lat, d.lat, n, m, wl.at_rate(rate), dispatch=GroupedDispatch(p_group, d_group),
                                   same_node=lambda a, b: p_group[a] == d_group[b],
-                                  max_prefill_tokens=ctx.cfg.search.max_prefill_tokens)
+                                  max_prefill_tokens=ctx.cfg.search.max_prefill_tokens, local_prefill_tokens=local)
 
 
 def _phase_shortfall(res: SimResult, ttft: float, tpot: float) -> str:
@@ -129,7 +130,8 @@ def make_plan(cfg: PlannerConfig) -> PlacementPlan:
     # NOTE: prefix-cache hits cut prefill work (prefill and colocated candidates; decode steps are untouched)
     hit = cfg.workload.prefix_hit_rate
     cands = [lat.with_prefix_hits(hit) for lat in cands]
-    pre = [PhaseChoice(lat, prefill_goodput(lat, wl, slo, s.max_prefill_tokens, near)) for lat in cands]
+    local = cfg.workload.local_prefill_tokens
+    pre = [PhaseChoice(lat, prefill_goodput(lat, wl, slo, s.max_prefill_tokens, near, local)) for lat in cands]
     sizes: dict[int, Workload] = {}
 
     def workload_for(n: int) -> Workload:
@@ -140,7 +142,7 @@ def make_plan(cfg: PlannerConfig) -> PlacementPlan:
     sp = cfg.speculation
     # NOTE: speculation changes decode steps only (prefill emits one token): decode and colocated candidates
     decs = [lat.with_speculation(sp.tokens, sp.acceptance) for lat in cands] if sp is not None else cands
-    dec = [PhaseChoice(lat, decode_goodput(lat, wl, slo, workload_for)) for lat in decs]
+    dec = [PhaseChoice(lat, decode_goodput(lat, wl, slo, workload_for, local)) for lat in decs]
     for c in pre + dec:
         logger.info("%s: prefill/decode goodput %.3f req/s (%.3f per GPU)", c.lat, c.goodput.rate_rps,
                     c.goodput.per_gpu)
@@ -161,6 +163,11 @@ def make_plan(cfg: PlannerConfig) -> PlacementPlan:
         for p in plans:
             p.notes.append(f"prefill planned with {hit:.0%} of prompt tokens in the prefix cache "
                            "(workload.prefix_hit_rate)")
+    if local:
+        share = sum(1 for n in wl.inputs if n <= local) / max(len(wl.inputs), 1)
+        for p in plans:
+            p.notes.append(f"prompts of at most {local} tokens ({share:.0%} of requests) planned as prefilled on "
+                           "their decode worker (workload.local_prefill_tokens; pp=1 decode instances only)")
     if sp is not None:
         for p in plans:
             p.notes.append(f"decode speculates {sp.tokens} tokens per step at acceptance {sp.acceptance:g} "

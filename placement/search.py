@@ -90,20 +90,33 @@ def decode_capacity(lat: LatencyModel, wl: Workload, tpot_s: float) -> float:
     return lat.pp * batch / step / max(wl.mean_output, 1.0)
 
 
-def prefill_goodput(lat: LatencyModel, wl: Workload, slo: SLOSpec, max_tokens: int, same_node: bool) -> Goodput:
+def prefill_goodput(lat: LatencyModel, wl: Workload, slo: SLOSpec, max_tokens: int, same_node: bool,
+                    local_tokens: int = 0) -> Goodput:
+    """Prefill-only goodput in requests per second of the whole workload; prompts of at most `local_tokens`
+    tokens are prefilled on their decode worker, so this instance sees only the longer ones."""
+    remote = sum(1 for n in wl.inputs if n > local_tokens) / max(len(wl.inputs), 1) if local_tokens else 1.0
+
     def attain(rate: float) -> float:
-        res = simulate_disaggregated(lat, lat, 1, 1, wl.at_rate(rate), mode="prefill",
-                                     max_prefill_tokens=max_tokens, same_node=same_node)
+        reqs = wl.at_rate(rate)
+        if local_tokens:
+            reqs = [r for r in reqs if r.input_len > local_tokens]
+            if not reqs:
+                return 1.0
+        res = simulate_disaggregated(lat, lat, 1, 1, reqs, mode="prefill", max_prefill_tokens=max_tokens,
+                                     same_node=same_node)
         return res.attainment(slo.ttft_s, math.inf)
 
-    return max_goodput(attain, slo.attainment, prefill_capacity(lat, wl, max_tokens), lat.gpus)
+    return max_goodput(attain, slo.attainment, prefill_capacity(lat, wl, max_tokens) / max(remote, 0.05), lat.gpus)
 
 
 def decode_goodput(lat: LatencyModel, wl: Workload, slo: SLOSpec,
-                   workload_for: Callable[[int], Workload] | None = None) -> Goodput:
+                   workload_for: Callable[[int], Workload] | None = None, local_tokens: int = 0) -> Goodput:
     """Decode-only goodput. The probe needs several times the instance's KV concurrency in requests,
     or a large instance never saturates; `workload_for(n)` supplies a bigger sample (capped at
-    MAX_DECODE_REQUESTS), and the result is clamped to the analytic KV/TPOT-bound capacity."""
+    MAX_DECODE_REQUESTS), and the result is clamped to the analytic KV/TPOT-bound capacity. Prompts of at
+    most `local_tokens` tokens are prefilled on this instance among its streams (pp=1 only) and must meet
+    the TTFT target too."""
+    local = local_tokens if lat.pp == 1 else 0
     cap = decode_capacity(lat, wl, slo.tpot_s)
     concurrency = lat.kv_capacity_tokens() / max(wl.mean_input + wl.mean_output, 1.0)
     want = min(MAX_DECODE_REQUESTS, int(4 * concurrency))
@@ -111,8 +124,13 @@ def decode_goodput(lat: LatencyModel, wl: Workload, slo: SLOSpec,
         wl = workload_for(want)
 
     def attain(rate: float) -> float:
-        res = simulate_disaggregated(lat, lat, 1, 1, wl.at_rate(rate), mode="decode")
-        return res.attainment(math.inf, slo.tpot_s)
+        res = simulate_disaggregated(lat, lat, 1, 1, wl.at_rate(rate), mode="decode", local_prefill_tokens=local)
+        if not local:
+            return res.attainment(math.inf, slo.tpot_s)
+        # NOTE: a local prefill's TTFT is this instance's: judged here; the remote ones' in prefill_goodput
+        ok = sum(1 for r in res.records if not r.rejected and r.tpot_s <= slo.tpot_s
+                 and (r.input_len > local or r.ttft_s <= slo.ttft_s))
+        return ok / max(len(res.records), 1)
 
     g = max_goodput(attain, slo.attainment, cap, lat.gpus)
     return g._replace(rate_rps=min(g.rate_rps, cap))

@@ -127,6 +127,26 @@ def test_prefix_hits_cut_the_prefill_pool_only() -> None:
         parse_planner_config(cfg(workload__prefix_hit_rate=0.99))
 
 
+def test_local_prefill_moves_short_prompts_from_the_prefill_pool_to_the_decode_pool() -> None:
+    """workload.local_prefill_tokens (router.disaggregation auto): a prefill engine sees only the longer
+    prompts, so it takes more req/s of the whole workload; a decode engine also prefills the short ones
+    among its streams, so it takes fewer; the plan notes the share."""
+    def plan(local: int):
+        return make_plan(parse_planner_config(cfg(workload__rate_rps=20.0, workload__local_prefill_tokens=local)))
+
+    plain, local = plan(0), plan(800)
+
+    def tp1(p, role: str) -> dict:
+        return next(c for c in p.candidates if c["role"] == role and c["tp"] == 1)
+
+    assert tp1(local, "prefill")["goodput_rps"] > 1.2 * tp1(plain, "prefill")["goodput_rps"]
+    assert tp1(local, "decode")["goodput_rps"] < tp1(plain, "decode")["goodput_rps"]
+    assert local.prefill.instances * local.prefill.tp <= plain.prefill.instances * plain.prefill.tp
+    assert any("at most 800 tokens" in n and "local_prefill_tokens" in n for n in local.notes)
+    with pytest.raises(PlacementError, match="local_prefill_tokens"):
+        parse_planner_config(cfg(workload__local_prefill_tokens=-1))
+
+
 def test_speculation_changes_the_decode_pool_by_its_acceptance() -> None:
     """planner.speculation: decode steps modelled by LatencyModel.with_speculation. Drafts that are mostly
     accepted (E ~2.95 tokens per step) make decode cheaper than plain, drafts that are mostly refused
