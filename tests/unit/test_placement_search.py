@@ -109,16 +109,21 @@ def test_yaml_examples_load() -> None:
         assert yaml.safe_load(p.read_text())["model"]["name"] == c.model.name
 
 
+def _plan(**workload: object):
+    """The SMALL plan at 20 req/s with these workload fields."""
+    return make_plan(parse_planner_config(cfg(workload__rate_rps=20.0, **{f"workload__{k}": v
+                                                                          for k, v in workload.items()})))
+
+
+def tp1(p, role: str) -> dict:
+    """The TP1 candidate of `role` in plan `p`."""
+    return next(c for c in p.candidates if c["role"] == role and c["tp"] == 1)
+
+
 def test_prefix_hits_cut_the_prefill_pool_only() -> None:
     """workload.prefix_hit_rate: prefill candidates are planned without the cached tokens, so one prefill
     engine takes more req/s and the plan needs no more prefill engines; decode is untouched."""
-    def plan(hit: float):
-        return make_plan(parse_planner_config(cfg(workload__rate_rps=20.0, workload__prefix_hit_rate=hit)))
-
-    plain, hits = plan(0.0), plan(0.8)
-    def tp1(p, role: str) -> dict:
-        return next(c for c in p.candidates if c["role"] == role and c["tp"] == 1)
-
+    plain, hits = _plan(prefix_hit_rate=0.0), _plan(prefix_hit_rate=0.8)
     assert tp1(hits, "prefill")["goodput_rps"] > 1.5 * tp1(plain, "prefill")["goodput_rps"]
     assert tp1(hits, "decode") == tp1(plain, "decode")
     assert hits.prefill.instances * hits.prefill.tp <= plain.prefill.instances * plain.prefill.tp
@@ -131,14 +136,7 @@ def test_local_prefill_moves_short_prompts_from_the_prefill_pool_to_the_decode_p
     """workload.local_prefill_tokens (router.disaggregation auto): a prefill engine sees only the longer
     prompts, so it takes more req/s of the whole workload; a decode engine also prefills the short ones
     among its streams, so it takes fewer; the plan notes the share."""
-    def plan(local: int):
-        return make_plan(parse_planner_config(cfg(workload__rate_rps=20.0, workload__local_prefill_tokens=local)))
-
-    plain, local = plan(0), plan(800)
-
-    def tp1(p, role: str) -> dict:
-        return next(c for c in p.candidates if c["role"] == role and c["tp"] == 1)
-
+    plain, local = _plan(local_prefill_tokens=0), _plan(local_prefill_tokens=800)
     assert tp1(local, "prefill")["goodput_rps"] > 1.2 * tp1(plain, "prefill")["goodput_rps"]
     assert tp1(local, "decode")["goodput_rps"] < tp1(plain, "decode")["goodput_rps"]
     assert local.prefill.instances * local.prefill.tp <= plain.prefill.instances * plain.prefill.tp
