@@ -35,7 +35,7 @@ from cluster.router.goodput_state import _INF, WorkerState, _ewma
 from cluster.router.latency import latency_from_config
 from cluster.router.policy import Policy, RouteDecision, RouteRequest, register
 from engine.stats import WorkerStats
-from placement.latency import LatencyModel
+from placement.latency import LatencyModel, Terms
 
 LOCAL_PER_SNAPSHOT = 2  # local prefills per decode worker between two of its stats snapshots (auto)
 TICKETS = 4096  # TTFT predictions kept for revision until their request is observed (oldest dropped first)
@@ -45,6 +45,13 @@ if TYPE_CHECKING:
     from placement.config import Coefficients
 
 logger = logging.getLogger(__name__)
+
+
+def _own(t: Terms, prompt: int, hit: int) -> tuple[float, float]:
+    """What a prompt adds to the prefill batch it joins with `hit` of its tokens in the prefix cache: the
+    roofline part (GEMMs on the new tokens, attention over the whole prompt) and the per-token tail."""
+    new = prompt - hit
+    return t.pa * new + t.pb * (prompt * prompt - hit * hit), t.p_lin * new
 
 
 class GoodputPolicy(Policy):
@@ -181,9 +188,7 @@ class GoodputPolicy(Policy):
         cache: only the rest is computed (their attention still covers the whole prompt)."""
         t = self.latency.terms
         p_mem, p_fixed, dflt = t.p_mem, t.p_fixed, self.max_prefill_tokens
-        fl, tail, pm1 = t.pa * prompt + t.pb * prompt * prompt, t.p_lin * prompt, prompt - 1
-        new = prompt - hit
-        fl_hit, tail_hit = t.pa * new + t.pb * (prompt * prompt - hit * hit), t.p_lin * new
+        (fl, tail), (fl_hit, tail_hit), pm1 = _own(t, prompt, 0), _own(t, prompt, hit), prompt - 1
         cut, get = now - self.stale_s, self.states.get
         costs: list[float] = []
         best, best_c, held, aff_i, by_node = -1, _INF, [], -1, {}
@@ -226,8 +231,7 @@ class GoodputPolicy(Policy):
         x_same = 0.0 if colocated else self.latency.kv_transfer_time_s(prompt, True)
         costs, nh, held, aff_i, by_node = self._prefill_scan(prompt, pool, now, aff, x_same != x_cross, hit)
         t = self.latency.terms
-        own = t.pa * prompt + t.pb * prompt * prompt + t.p_lin * prompt  # what we add to the batch we join
-        own_hit = t.pa * (prompt - hit) + t.pb * (prompt * prompt - hit * hit) + t.p_lin * (prompt - hit)
+        own, own_hit = sum(_own(t, prompt, 0)), sum(_own(t, prompt, hit))  # what we add to the batch we join
         harms: dict[int, float] = {}
 
         def harm(i: int) -> float:

@@ -44,8 +44,9 @@ class Job:
         # NOTE: the engine client's bookkeeping; a stream refused before it starts is closed, never iterated
         self.on_close: Callable[[], None] | None = None
         deadline = self.t0 + svc.cfg.serve.request_timeout_s
-        route = RouteRequest(len(ids), params.max_tokens or 1, ttft_slo_s, tpot_slo_s, hash(tuple(ids[:PREFIX_MIN])),
-                             prefix_ladder(ids))
+        ladder = prefix_ladder(ids)  # NOTE: its first rung is the hash of the first PREFIX_MIN tokens
+        route = RouteRequest(len(ids), params.max_tokens or 1, ttft_slo_s, tpot_slo_s,
+                             ladder[0][1] if ladder else hash(tuple(ids[:PREFIX_MIN])), ladder)
         n = params.n or 1
         self.legs = [Leg(svc, request_id if n == 1 else f"{request_id}-c{i}", ids, leg_params(params, i), route,
                          deadline) for i in range(n)]
