@@ -9,6 +9,7 @@ import random
 import time
 
 import httpx
+import psutil
 import pytest
 import ray
 
@@ -208,11 +209,19 @@ def test_prefill_killed_after_handoff_recomputes_and_pool_recovers(deployment, w
     prompt = _prompt(9, 260)
     sp = params(12, ignore_eos=True)
     pre = ray.get(p.prefill.remote("kill-1", prompt, sp), timeout=60)
+    procs = _process_tree(old["pid"])
     ray.kill(p, no_restart=False)  # Ray restarts it (max_restarts=2)
     t0 = time.monotonic()
+    # NOTE: ray.kill only asks; until the worker and its EngineCore are gone the pull can still succeed (CI
+    # once pulled from a prefill that was being killed). Wait for every process of the old worker to end,
+    # which also checks that killing the actor leaves no orphaned EngineCore.
+    _gone, alive = psutil.wait_procs(procs, timeout=60)
+    assert not alive, f"processes of the killed prefill worker still running: {alive}"
+    t1 = time.monotonic()
     out = _drain(d.decode_stream.options(num_returns="streaming").remote("kill-1", prompt, sp, pre.handoff))
-    elapsed = time.monotonic() - t0
-    print(f"\nFAULT prefill killed after handoff: decode recomputed, answer in {elapsed:.1f}s")
+    elapsed = time.monotonic() - t1
+    print(f"\nFAULT prefill killed after handoff (its processes gone {t1 - t0:.1f}s after the kill): "
+          f"decode recomputed, answer in {elapsed:.1f}s")
     tel = out[0]
     assert tel.outcome == "recomputed", tel
     assert tel.decode_computed_prompt_tokens > 1
@@ -232,6 +241,11 @@ def test_prefill_killed_after_handoff_recomputes_and_pool_recovers(deployment, w
 
     _wait(served, 60, "a request served after the restart")
     _wait(lambda: ray.get(d.stats.remote(), timeout=10).kv_usage == 0, 30, "decode KV freed")
+
+
+def _process_tree(pid: int) -> list[psutil.Process]:
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
 
 
 def _try_info(handle):
