@@ -164,7 +164,7 @@ def make_plan(cfg: PlannerConfig) -> PlacementPlan:
             p.notes.append(f"prefill planned with {hit:.0%} of prompt tokens in the prefix cache "
                            "(workload.prefix_hit_rate)")
     if local:
-        share = sum(1 for n in wl.inputs if n <= local) / max(len(wl.inputs), 1)
+        share = 1.0 - wl.remote_share(local)
         for p in plans:
             p.notes.append(f"prompts of at most {local} tokens ({share:.0%} of requests) planned as prefilled on "
                            "their decode worker (workload.local_prefill_tokens; pp=1 decode instances only)")

@@ -34,7 +34,7 @@ import numpy as np
 from placement.config import SLOSpec
 from placement.latency import LatencyModel
 from placement.simulator import simulate_colocated, simulate_disaggregated
-from placement.workload import Request, Workload, unit_gaps
+from placement.workload import Request, Workload, remote_prompts, unit_gaps
 
 SAMPLE = 400  # lengths kept per merged window
 MIN_REQUESTS, MAX_REQUESTS = 200, 3000  # simulated per sizing probe (lengths resampled from recent windows)
@@ -311,7 +311,7 @@ class Replanner:
                                       chunked_prefill=s.chunked_prefill)
         local = self.local_prefill_tokens()
         if local and mode == "prefill":  # NOTE: the prefill pool sees only the prompts it prefills
-            reqs = [r for r in reqs if r.input_len > local] or list(reqs[:1])
+            reqs = remote_prompts(reqs, local) or list(reqs[:1])
         return simulate_disaggregated(p_lat, d_lat, max(1, sizes.prefill), max(1, sizes.decode),
                                       reqs, mode=mode, max_prefill_tokens=s.max_prefill_tokens,
                                       local_prefill_tokens=local if mode != "prefill" else 0)

@@ -20,7 +20,7 @@ from typing import NamedTuple
 from placement.config import SLOSpec
 from placement.latency import LatencyModel
 from placement.simulator import simulate_colocated, simulate_disaggregated
-from placement.workload import Workload
+from placement.workload import Workload, remote_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -94,19 +94,15 @@ def prefill_goodput(lat: LatencyModel, wl: Workload, slo: SLOSpec, max_tokens: i
                     local_tokens: int = 0) -> Goodput:
     """Prefill-only goodput in requests per second of the whole workload; prompts of at most `local_tokens`
     tokens are prefilled on their decode worker, so this instance sees only the longer ones."""
-    remote = sum(1 for n in wl.inputs if n > local_tokens) / max(len(wl.inputs), 1) if local_tokens else 1.0
-
     def attain(rate: float) -> float:
-        reqs = wl.at_rate(rate)
-        if local_tokens:
-            reqs = [r for r in reqs if r.input_len > local_tokens]
-            if not reqs:
-                return 1.0
+        reqs = remote_prompts(wl.at_rate(rate), local_tokens)
+        if not reqs:
+            return 1.0
         res = simulate_disaggregated(lat, lat, 1, 1, reqs, mode="prefill", max_prefill_tokens=max_tokens,
                                      same_node=same_node)
         return res.attainment(slo.ttft_s, math.inf)
 
-    return max_goodput(attain, slo.attainment, prefill_capacity(lat, wl, max_tokens) / max(remote, 0.05), lat.gpus)
+    return max_goodput(attain, slo.attainment, prefill_capacity(lat, wl, max_tokens) / max(wl.remote_share(local_tokens), 0.05), lat.gpus)
 
 
 def decode_goodput(lat: LatencyModel, wl: Workload, slo: SLOSpec,

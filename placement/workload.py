@@ -14,6 +14,7 @@ import csv
 import json
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -127,6 +128,11 @@ class Workload:
     def mean_output(self) -> float:
         return float(self.outputs.mean())
 
+    def remote_share(self, local_tokens: int) -> float:
+        """The share of requests a prefill pool serves when prompts of at most `local_tokens` tokens are
+        prefilled on their decode worker (0: all of them)."""
+        return float((self.inputs > local_tokens).mean()) if local_tokens and len(self.inputs) else 1.0
+
     def at_rate(self, rate_rps: float | None) -> list[Request]:
         if rate_rps is None:
             if self.trace_arrivals is None:
@@ -158,6 +164,12 @@ class Workload:
             inputs, outputs = clip_to_context(inputs, outputs, max_context)
         unit = np.cumsum(unit_gaps(n, spec.arrival, spec.cv, rng))
         return cls(inputs, outputs, unit, trace_arrivals)
+
+
+def remote_prompts(reqs: Sequence[Request], local_tokens: int) -> list[Request]:
+    """The requests a prefill pool serves when prompts of at most `local_tokens` tokens are prefilled on their
+    decode worker (0: all of them)."""
+    return [r for r in reqs if r.input_len > local_tokens] if local_tokens else list(reqs)
 
 
 def gamma_trace(n: int, rate_rps: float, cv: float, input_len: LengthDist, output_len: LengthDist,

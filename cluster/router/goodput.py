@@ -315,33 +315,31 @@ class GoodputPolicy(Policy):
             if pt > 0 and pt_a - harm(aff_i) >= pt - harm(pi) - self.tie_probability:
                 p_own, value = p_own / pt * pt_a, value + (pt_a - harm(aff_i)) - (pt - harm(pi))
                 pi, x = aff_i, xa
-        ttft_s = costs[pi] + x
-        maxb = pool[pi].step_tokens or self.max_prefill_tokens
+        ttft_s, ds = costs[pi] + x, self.states[d.worker_id]
         if not colocated and self.disaggregation != "always":
             local = self._local(req, d, step, tpot, value)
             if local is not None:
                 l_ttft, l_own, l_value, why = local
                 l_admit = l_own >= self.admit_probability and l_value > 0
                 if l_admit or self.record_refused:
-                    self._record_local(req, self.states[d.worker_id], now, l_ttft)
+                    self._record_local(req, ds, now, l_ttft)
                 if l_admit:
                     self.placements[f"local:{why}"] += 1
                 reason = f"goodput: local prefill ({why})" if l_admit else (
                     f"no worker meets the targets with a local prefill: P(slo)={l_own:.3f} (net of others "
                     f"{l_value:.3f}), TTFT {l_ttft:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {tpot:.3f} s")
                 return RouteDecision(l_admit, None, d.worker_id, reason, l_ttft, tpot if out > 1 else None, l_own,
-                                     local=True, placement=f"local:{why}",
-                                     step_ratio=self.states[d.worker_id].step_ratio)
+                                     local=True, placement=f"local:{why}", step_ratio=ds.step_ratio)
         admit = p_own >= self.admit_probability and value > 0
         p_id = None if colocated else prefill[pi].worker_id
         ticket = 0
         if admit or self.record_refused:
             n_hit, ps = hit if pi == aff_i else 0, self.states[pool[pi].worker_id]
+            maxb = pool[pi].step_tokens or self.max_prefill_tokens
             # NOTE: behind a queue (another ingress's too) our step starts once its own compute is all that is left
             wait = costs[pi] - (own_hit if n_hit else own) * ps.ttft_ratio if ps.q or ps.run else 0.0
             ticket = self._revise(pool[pi].worker_id, maxb, now, costs[pi], x, prompt - n_hit, wait)
-            self._record(req, self.states[pool[pi].worker_id], self.states[d.worker_id], p_id, now, ttft_s, x,
-                         n_hit)
+            self._record(req, ps, ds, p_id, now, ttft_s, x, n_hit)
         if admit and pi == aff_i and hit:
             self.prefix_hit_tokens += hit
         placement = "" if colocated else "remote:" + ("always" if self.disaggregation == "always" else "cheaper")
@@ -351,7 +349,7 @@ class GoodputPolicy(Policy):
             f"no pair meets the targets: best P(slo)={p_own:.3f} (net of others {value:.3f}), TTFT "
             f"{ttft_s:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {tpot:.3f} s vs {req.tpot_slo_s:.3f} s")
         return RouteDecision(admit, p_id, d.worker_id, reason, ttft_s, tpot if out > 1 else None, p_own,
-                             placement=placement, step_ratio=self.states[d.worker_id].step_ratio, ticket=ticket)
+                             placement=placement, step_ratio=ds.step_ratio, ticket=ticket)
 
     def _revise(self, wid: str, maxb: int, now: float, cost: float, transfer: float, tokens: int,
                 wait: float) -> int:
