@@ -54,10 +54,9 @@ def git_commit() -> dict[str, Any]:
         except (OSError, subprocess.TimeoutExpired):
             return ""
 
-    # NOTE: new results files under benchmarks/results/ (this run's, or a previous run's of the same
-    # session not yet committed) are not code: they do not make the tree dirty.
-    status = [ln for ln in git("status", "--porcelain").splitlines()
-              if not (ln.startswith("?? ") and ln[3:].startswith("benchmarks/results/"))]
+    # NOTE: results files under benchmarks/results/, new or re-measured (this run's, or a previous run's of
+    # the same session not yet committed), are not code: they do not make the tree dirty.
+    status = [ln for ln in git("status", "--porcelain").splitlines() if not ln[3:].startswith("benchmarks/results/")]
     return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(status), "dirty_files": len(status)}
 
 
