@@ -109,6 +109,7 @@ class GoodputPolicy(Policy):
         # NOTE: ticket -> [routed at, predicted start and end of its prefill step, transfer]; per prefill worker
         # its routes' (ticket, prompt tokens computed) in routing order, for _revise
         self._tickets: OrderedDict[int, list[float]] = OrderedDict()
+        self._first: OrderedDict[int, tuple[RouteDecision, float | None]] = OrderedDict()  # TTFT seen, by id()
         self._batches: dict[str, deque[tuple[int, int]]] = {}
         self._next_ticket = 0
 
@@ -453,22 +454,38 @@ class GoodputPolicy(Policy):
         while len(self._affinity) > self._affinity_entries:
             self._affinity.popitem(last=False)
 
-    def observe(self, decision: RouteDecision, route: RouteRequest, ttft_s: float,
-                tpot_s: float | None) -> None:
-        """Feedback after a request: move the serving workers' correction ratios toward observed/predicted."""
+    def observe_first_token(self, decision: RouteDecision, route: RouteRequest, ttft_s: float) -> None:
+        """The TTFT correction learns at the first token, not at the end of the stream: the next burst is
+        routed with what the last one measured."""
+        self._first[id(decision)] = (decision, self._observe_ttft(decision, ttft_s))
+        while len(self._first) > TICKETS:  # NOTE: a request that never finishes is dropped, oldest first
+            self._first.popitem(last=False)
+
+    def _observe_ttft(self, decision: RouteDecision, ttft_s: float) -> float | None:
+        """The TTFT predicted for this decision (as revised by later routes into its prefill step), after
+        moving the serving worker's TTFT correction toward measured/predicted."""
         pred, wid = decision.predicted_ttft_s, decision.prefill or decision.decode
         e = self._tickets.pop(decision.ticket, None) if decision.ticket else None
-        if e is not None:  # NOTE: as revised by later routes into its prefill step
+        if e is not None:
             pred = e[2] - e[0] + e[3]
+        if wid and pred and math.isfinite(pred) and ttft_s > 0:
+            st = self._state(wid)
+            st.ttft_ratio = _ewma(st.ttft_ratio, ttft_s / pred, self.alpha)
+        return pred
+
+    def observe(self, decision: RouteDecision, route: RouteRequest, ttft_s: float,
+                tpot_s: float | None) -> None:
+        """Feedback after a request: move the serving workers' correction ratios toward observed/predicted
+        (the TTFT one here only if `observe_first_token` did not)."""
+        first = self._first.pop(id(decision), None)
+        # NOTE: the decision itself is kept with its prediction, so a recycled id() cannot match another's
+        pred = first[1] if first is not None and first[0] is decision else self._observe_ttft(decision, ttft_s)
         if pred is not None and math.isfinite(pred):
             self._seq += 1
             p_tpot = decision.predicted_tpot_s
             self.predictions.append((self._seq, round(pred, 4), round(ttft_s, 4),
                                      None if p_tpot is None or not math.isfinite(p_tpot) else round(p_tpot, 5),
                                      None if tpot_s is None else round(tpot_s, 5)))
-        if wid and pred and math.isfinite(pred) and ttft_s > 0:
-            st = self._state(wid)
-            st.ttft_ratio = _ewma(st.ttft_ratio, ttft_s / pred, self.alpha)
         pred = decision.predicted_tpot_s
         if decision.decode and pred and math.isfinite(pred) and tpot_s:
             st = self._state(decision.decode)

@@ -63,12 +63,17 @@ class Policy(ABC):
       can still serve the request there.
     - `admit=False` means the request would most likely miss its targets (or cost others theirs); the
       caller queues or refuses it according to `router.admission`.
-    - `observe(...)` is called once per finished request with its measured TTFT/TPOT; the default ignores it.
+    - `observe_first_token(...)` is called when a request's first token arrives, `observe(...)` once per
+      finished request with its measured TTFT/TPOT; the defaults ignore them.
     """
 
     @abstractmethod
     def route(self, req: RouteRequest, prefill: Sequence[WorkerStats],
               decode: Sequence[WorkerStats]) -> RouteDecision: ...
+
+    def observe_first_token(self, decision: RouteDecision, req: RouteRequest,  # noqa: B027 - optional hook
+                            ttft_s: float) -> None:
+        """Feedback when a request's first token arrives (measured TTFT from routing), before `observe`."""
 
     def observe(self, decision: RouteDecision, req: RouteRequest,  # noqa: B027 - optional hook
                 ttft_s: float, tpot_s: float | None) -> None:

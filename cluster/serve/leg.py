@@ -136,6 +136,8 @@ class Leg:
                     n = len(out.outputs[0].token_ids) if out.outputs else 0
                     if n and self.first_token_at is None:
                         self.first_token_at = time.monotonic()
+                        self.svc.admission.policy.observe_first_token(dec, self.route,
+                                                                      self.first_token_at - self.routed_at)
                     self.tokens += n
                     produced.extend(out.outputs[0].token_ids if out.outputs else ())
                     yield out

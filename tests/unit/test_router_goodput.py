@@ -313,3 +313,21 @@ def test_the_first_route_to_an_idle_engine_starts_its_own_step() -> None:
     assert second.predicted_ttft_s > first.predicted_ttft_s
     p.observe(first, req(), first.predicted_ttft_s, 0.05)
     assert p.predictions[-1][1] == pytest.approx(first.predicted_ttft_s, abs=1e-3)
+
+
+def test_ttft_is_learnt_at_the_first_token_and_once() -> None:
+    """A burst's late first tokens move the TTFT correction while its streams still decode (the next burst
+    is routed with it), and the end of the stream does not learn the same TTFT again."""
+    p = policy(ewma_alpha=0.5)
+    pre, dec = [pw(0)], [dw(0)]
+    d = p(req(), pre, dec)
+    p.observe_first_token(d, req(), 2 * d.predicted_ttft_s)
+    after_first = p.states["p0"].ttft_ratio
+    assert after_first == pytest.approx(2 ** 0.5)  # NOTE: the EWMA (of logs, alpha 0.5) of 1.0 and 2
+    p.observe(d, req(), 2 * d.predicted_ttft_s, d.predicted_tpot_s)
+    assert p.states["p0"].ttft_ratio == after_first
+    assert p.predictions[-1][1:3] == pytest.approx((d.predicted_ttft_s, 2 * d.predicted_ttft_s), abs=1e-3)
+    # a caller that reports only the finished request still teaches the TTFT correction
+    d2 = p(req(), pre, dec)
+    p.observe(d2, req(), 2 * d2.predicted_ttft_s, d2.predicted_tpot_s)
+    assert p.states["p0"].ttft_ratio > after_first
