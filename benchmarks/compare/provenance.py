@@ -45,19 +45,35 @@ def machine_info() -> dict[str, Any]:
             "platform": sys.platform}
 
 
+def dirty_paths(porcelain_z: str) -> list[str]:
+    """Paths that make a tree dirty, from ``git status --porcelain -z``: every changed or untracked path except
+    results files under benchmarks/results/ (new or re-measured, this run's or a previous run's of the same
+    session not yet committed: they are not code)."""
+    paths, entries = [], iter(porcelain_z.split("\0"))
+    for entry in entries:
+        if len(entry) < 4:
+            continue
+        if entry[0] in "RC":  # NOTE: a rename or copy is followed by its source path, which is not a change
+            next(entries, None)
+        if not entry[3:].startswith("benchmarks/results/"):
+            paths.append(entry[3:])
+    return paths
+
+
 def git_commit() -> dict[str, Any]:
-    """``{"commit", "dirty", "dirty_files"}`` of the repository this code runs from."""
+    """``{"commit", "dirty", "dirty_files", "dirty_paths"}`` of the repository this code runs from."""
     def git(*args: str) -> str:
         try:
             return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10,
-                                  check=False).stdout.strip()
+                                  check=False).stdout
         except (OSError, subprocess.TimeoutExpired):
             return ""
 
-    # NOTE: results files under benchmarks/results/, new or re-measured (this run's, or a previous run's of
-    # the same session not yet committed), are not code: they do not make the tree dirty.
-    status = [ln for ln in git("status", "--porcelain").splitlines() if not ln[3:].startswith("benchmarks/results/")]
-    return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(status), "dirty_files": len(status)}
+    # NOTE: -z, and no strip(): a status line starts with a space (" M path"); stripping the output once cut
+    # the first line's leading space, misread its path and marked every re-measurement dirty.
+    dirty = dirty_paths(git("status", "--porcelain", "-z"))
+    return {"commit": git("rev-parse", "HEAD").strip() or "unknown", "dirty": bool(dirty),
+            "dirty_files": len(dirty), "dirty_paths": dirty[:20]}
 
 
 def _now() -> str:

@@ -390,6 +390,16 @@ def test_rekey_restores_rates_and_keeps_other_keys() -> None:
     assert rekey({"0.5": 1, "1/seed1": 2}) == {0.5: 1, "1/seed1": 2}
 
 
+def test_dirty_paths_skip_results_files_wherever_they_come_in_the_status() -> None:
+    from benchmarks.compare.provenance import dirty_paths
+
+    # the first entry starts with a space: it was misread when the whole output was stripped
+    status = " M benchmarks/results/a/report.json\0?? benchmarks/results/b/\0 M cluster/config.py\0" \
+             "R  docs/new.md\0docs/old.md\0?? tests/unit/test_x.py\0"
+    assert dirty_paths(status) == ["cluster/config.py", "docs/new.md", "tests/unit/test_x.py"]
+    assert dirty_paths(" M benchmarks/results/a/raw.json\0") == [] and dirty_paths("") == []
+
+
 def test_provenance_header_and_report_files(tmp_path) -> None:
     prov = cmp.Provenance.start(["python", "-m", "x"], ["--a", "b c"])
     report = {**prov.start_fields(), **prov.end_fields(), "value": math.inf}
