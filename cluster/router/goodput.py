@@ -5,7 +5,9 @@ From placement's LatencyModel and each worker's WorkerStats (docs/router.md has 
 
     TTFT(p, d) = r_p * (prefill(tokens queued on p + prompt, a fixed cost per batch) - half the running
                  batch) + kv_transfer(prompt, same node?)
-    step(d)    = r_d * decode_step(B + 1, C + prompt + max_tokens / 2)      (B, C: batch and context on d)
+    step(d)    = r_d * decode_step(B + 1, C + prompt + max_tokens / 2) / (1 - share_d)
+                 (B, C: batch and context on d; share_d: the share of d's time the prompts it prefills beside its
+                 streams took over the last 10 s, colocated or local prefills; 0 on a pure decode worker)
     TPOT(d)    = step(d) + KV wait / (max_tokens - 1)       (a wait only when d's free KV cannot hold us)
     P(meet)    = Phi(ln(target / predicted) / sigma)         (log-normal prediction error)
     value      = P(TTFT) x P(TPOT) - harm    (harm: the chances of meeting their targets that our
@@ -31,7 +33,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from cluster.router.goodput_state import _INF, WorkerState, _ewma
+from cluster.router.goodput_state import _INF, WorkerState, _learn
 from cluster.router.latency import latency_from_config
 from cluster.router.policy import Policy, RouteDecision, RouteRequest, register
 from engine.stats import WorkerStats
@@ -271,6 +273,8 @@ class GoodputPolicy(Policy):
                 st.refresh_decode(s, model(s), self.alpha, cut, avg)
             mem, comp = st.sm + st.dma * ctx_new, st.sk + st.dca * ctx_new
             step = ((mem if mem > comp else comp) + st.sf) * st.dr
+            if st.pload:  # NOTE: the prefills it runs beside its streams take their share of its time
+                step /= 1.0 - st.prefill_share(now)
             if need <= st.free:
                 tpot = step
             elif need > st.cap:
@@ -330,7 +334,8 @@ class GoodputPolicy(Policy):
                     f"no worker meets the targets with a local prefill: P(slo)={l_own:.3f} (net of others "
                     f"{l_value:.3f}), TTFT {l_ttft:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {tpot:.3f} s")
                 return RouteDecision(l_admit, None, d.worker_id, reason, l_ttft, tpot if out > 1 else None, l_own,
-                                     local=True, placement=f"local:{why}", step_ratio=ds.step_ratio)
+                                     local=True, placement=f"local:{why}", step_ratio=ds.step_ratio,
+                                     ttft_ratio=ds.ttft_ratio, tpot_ratio=ds.tpot_ratio)
         admit = p_own >= self.admit_probability and value > 0
         p_id = None if colocated else prefill[pi].worker_id
         ticket = 0
@@ -350,7 +355,8 @@ class GoodputPolicy(Policy):
             f"no pair meets the targets: best P(slo)={p_own:.3f} (net of others {value:.3f}), TTFT "
             f"{ttft_s:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {tpot:.3f} s vs {req.tpot_slo_s:.3f} s")
         return RouteDecision(admit, p_id, d.worker_id, reason, ttft_s, tpot if out > 1 else None, p_own,
-                             placement=placement, step_ratio=ds.step_ratio, ticket=ticket)
+                             placement=placement, step_ratio=ds.step_ratio, ticket=ticket,
+                             ttft_ratio=self.states[pool[pi].worker_id].ttft_ratio, tpot_ratio=ds.tpot_ratio)
 
     def _revise(self, wid: str, maxb: int, now: float, cost: float, transfer: float, tokens: int,
                 wait: float) -> int:
@@ -423,7 +429,9 @@ class GoodputPolicy(Policy):
         return None
 
     def _record_local(self, req: RouteRequest, ds: WorkerState, now: float, ttft: float) -> None:
-        ds.add_prefill(self.decode_latency.terms, now, req.prompt_tokens, now + req.ttft_slo_s)
+        t = self.decode_latency.terms
+        ds.add_prefill(t, now, req.prompt_tokens, now + req.ttft_slo_s)
+        ds.add_prefill_load(now, sum(_own(t, req.prompt_tokens, 0)))
         self._avg_out += 0.05 * (req.max_tokens - self._avg_out)
         if req.max_tokens > 1:
             need, ctx = req.prompt_tokens + req.max_tokens, req.prompt_tokens + req.max_tokens // 2
@@ -442,7 +450,8 @@ class GoodputPolicy(Policy):
                 ttft: float, transfer: float, hit: int = 0) -> None:
         ps.add_prefill(self.latency.terms, now, req.prompt_tokens - hit, now + req.ttft_slo_s - transfer)
         self._avg_out += 0.05 * (req.max_tokens - self._avg_out)
-        if p_id is None:
+        if p_id is None:  # NOTE: colocated: the prompt runs beside the worker's own streams
+            ps.add_prefill_load(now, sum(_own(self.latency.terms, req.prompt_tokens, hit)))
             return
         if req.max_tokens > 1:
             need, ctx = req.prompt_tokens + req.max_tokens, req.prompt_tokens + req.max_tokens // 2
@@ -470,7 +479,7 @@ class GoodputPolicy(Policy):
             pred = e[2] - e[0] + e[3]
         if wid and pred and math.isfinite(pred) and ttft_s > 0:
             st = self._state(wid)
-            st.ttft_ratio = _ewma(st.ttft_ratio, ttft_s / pred, self.alpha)
+            st.ttft_ratio = _learn(st.ttft_ratio, decision.ttft_ratio, ttft_s / pred, self.alpha)
         return pred
 
     def observe(self, decision: RouteDecision, route: RouteRequest, ttft_s: float,
@@ -494,7 +503,7 @@ class GoodputPolicy(Policy):
                 # not the TPOT correction's to learn again (their product would count the slowdown twice):
                 # compare with the prediction the current step correction makes.
                 pred *= st.step_ratio / decision.step_ratio
-            st.tpot_ratio = _ewma(st.tpot_ratio, tpot_s / pred, self.alpha)
+            st.tpot_ratio = _learn(st.tpot_ratio, decision.tpot_ratio, tpot_s / pred, self.alpha)
             st.dr = st.tpot_ratio * st.step_ratio
 
 

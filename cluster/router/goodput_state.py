@@ -19,6 +19,10 @@ IDLE_HALF_LIFE_S = 10.0
 # NOTE: a TTFT correction too high would refuse every request, and a refused request teaches nothing: while a
 # worker's prefill queue is empty it fades toward 1 (the model calibrated on this machine), more slowly.
 PREFILL_IDLE_HALF_LIFE_S = 60.0
+# NOTE: a worker that prefills beside its streams (colocated; a decode worker taking local prefills) gives them
+# the time its prefills leave: TPOT = step / (1 - share), the share taken over our routes of the last window.
+PREFILL_LOAD_WINDOW_S = 10.0
+MAX_PREFILL_SHARE = 0.8
 
 
 def _idle_fade(since: float, ts: float, busy: bool, half_life_s: float) -> tuple[float, float]:
@@ -36,13 +40,24 @@ def _ewma(ratio: float, observed_over_predicted: float, alpha: float) -> float:
     return min(10.0, max(0.1, ratio * min(3.0, max(1 / 3, observed_over_predicted)) ** alpha))
 
 
+def _learn(ratio: float, used: float | None, observed_over_predicted: float, alpha: float) -> float:
+    """Move correction `ratio` (log-space EWMA) toward what one measurement says it should have been: the
+    correction its prediction `used` x observed/predicted (one sample: at most 3x either way).
+
+    NOTE: not ratio x observed/predicted: ten requests routed together with a correction of 1 and measured 2x
+    slow each said "2"; multiplying the current ratio by 2^alpha ten times taught 2^(10 alpha) (8x at alpha
+    0.3), and the next burst was refused whole (tests/integration/test_admission.py, 2026-12-04)."""
+    target = (ratio if used is None else used) * min(3.0, max(1 / 3, observed_over_predicted))
+    return min(10.0, max(0.1, ratio ** (1.0 - alpha) * target ** alpha))
+
+
 class WorkerState:
     """One worker as the policy sees it: correction ratios, ledgers of what it routed there, and the
     request-independent parts of its predictions (valid while `pstats`/`dstats` is the stats object)."""
 
     __slots__ = ("ttft_ratio", "tpot_ratio", "step_ratio", "pstats", "dstats", "led", "led_tokens", "q", "n",
                  "run", "step_ts", "base", "extra", "dls", "inc", "inc_kv", "inc_ctx", "b0", "c0", "sm", "sk",
-                 "sf", "free", "kvf", "cap", "dr", "idle_ts", "pidle_ts", "dt", "dma", "dca")
+                 "sf", "free", "kvf", "cap", "dr", "idle_ts", "pidle_ts", "dt", "dma", "dca", "pload", "pload_s")
 
     def __init__(self) -> None:
         self.ttft_ratio = self.tpot_ratio = self.step_ratio = 1.0
@@ -60,6 +75,8 @@ class WorkerState:
         self.pidle_ts = 0.0  # the same for its prefill queue
         self.dt: Terms | None = None  # its decode terms (speculating engines have their own)
         self.dma = self.dca = 0.0  # their per-context-token memory and compute terms
+        self.pload: deque[tuple[float, float]] = deque()  # (routed at, prefill s) of prompts it runs beside streams
+        self.pload_s = 0.0
 
     def refresh_prefill(self, s: WorkerStats, t: Terms, cut: float) -> None:
         """Queue as prediction terms: base = pa*q + pb*sum(l^2) (lengths assumed equal), extra = p_lin*q
@@ -95,6 +112,22 @@ class WorkerState:
         self.led_tokens += prompt
         bisect.insort(self.dls, deadline)
         self.set_queue(t, self.q + prompt, self.n + 1, self.run)
+
+    def add_prefill_load(self, now: float, seconds: float) -> None:
+        """A prompt this worker prefills beside its decoding streams (``seconds``: the model's prefill time)."""
+        self.pload.append((now, seconds))
+        self.pload_s += seconds
+
+    def prefill_share(self, now: float) -> float:
+        """The share of the worker's time its prefills took over the last PREFILL_LOAD_WINDOW_S (at most
+        MAX_PREFILL_SHARE): what its streams' decode steps do not get while the load lasts."""
+        h, cut = self.pload, now - PREFILL_LOAD_WINDOW_S
+        while h and h[0][0] < cut:
+            self.pload_s -= h.popleft()[1]
+        if not h:
+            self.pload_s = 0.0  # NOTE: no float residue from the additions and subtractions
+            return 0.0
+        return min(MAX_PREFILL_SHARE, self.pload_s / PREFILL_LOAD_WINDOW_S)
 
     def refresh_decode(self, s: WorkerStats, lat: LatencyModel, alpha: float, cut: float,
                        avg_out: float) -> None:

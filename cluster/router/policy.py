@@ -51,6 +51,10 @@ class RouteDecision(NamedTuple):
     placement: str = ""  # "remote:<why>" / "local:<why>" (router.disaggregation), counted in /metrics
     step_ratio: float | None = None  # goodput: the decode worker's step-time correction the TPOT used
     ticket: int = 0  # goodput: its key to the TTFT prediction that later routes to the same batch revise
+    # NOTE: goodput: the TTFT and TPOT corrections the predictions used; what a measurement teaches is relative
+    # to them, so a burst routed with one correction and measured later moves it once, not once per request
+    ttft_ratio: float | None = None
+    tpot_ratio: float | None = None
 
 
 class Policy(ABC):
