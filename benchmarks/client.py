@@ -120,6 +120,7 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict, api: str, rec
             text = (await resp.aread()).decode("utf-8", "replace")
             rec.error_kind = "rejected_429" if resp.status_code == 429 else f"http_{resp.status_code}"
             rec.error = text[:300]
+            rec.e2e_s = time.perf_counter() - t_send  # how long a refusal took: "at once" is checked on it
             return
         async for line in resp.aiter_lines():
             if not line.startswith("data:"):

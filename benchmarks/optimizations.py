@@ -37,6 +37,7 @@ from benchmarks.compare.deployment import InProcessDeployment, embedded_ray
 from benchmarks.compare.fmt import fmt_ms, md_table
 from benchmarks.compare.metrics import metrics_of
 from benchmarks.compare.options import RunOptions
+from benchmarks.compare.outcomes import cost_model
 from benchmarks.compare.provenance import Provenance, header_lines
 from benchmarks.compare.quality_check import quality_comparisons
 from benchmarks.compare.quiet import QuietBudget
@@ -139,10 +140,7 @@ def caches_prefixes(config: dict[str, Any]) -> bool:
 
 
 def cost_of(deploy: Deploy, dollars_per_hour: float) -> CostModel:
-    pools = deploy.variant.overrides["pools"]
-    if "prefill" in pools:
-        return CostModel(dollars_per_hour, pools["prefill"], pools["decode"])
-    return CostModel(dollars_per_hour)
+    return cost_model(deploy.variant.overrides["pools"], dollars_per_hour)
 
 
 def step_metrics(part: dict[str, Any], workloads: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -153,6 +151,9 @@ def step_metrics(part: dict[str, Any], workloads: Sequence[str]) -> dict[str, di
         load = (part.get("resources", {}).get(w) or {}).get("workers") or {}
         acc = [v["spec_acceptance"] for v in load.values() if v.get("spec_acceptance") is not None]
         m["spec_acceptance"] = acc[0] if acc else None
+        counts = (part.get("resources", {}).get(w) or {}).get("router_counts") or {}
+        m["prefix_hit_tokens"] = counts.get("prefix_hit_tokens")
+        m["input_tokens"] = round(summary.get("input_tok_s", 0.0) * summary["duration_s"])
         out[w] = m
     return out
 
@@ -170,10 +171,18 @@ def rows_of(metrics: dict[str, dict[str, dict[str, Any]]], quality: dict[str, di
             rows.append({"option": o.name, "workload": w, "expect": kind, "baseline": o.baseline,
                          "variant": o.variant, "base": {k: base[k] for k in FIELDS},
                          "opt": {k: opt[k] for k in FIELDS}, "spec_acceptance": opt.get("spec_acceptance"),
+                         "prefix_hits": {side: _hit_share(m) for side, m in (("base", base), ("opt", opt))},
                          "quality": quality.get(o.name), "promise": o.promise,
                          "accuracy": ({"base": accuracy[o.baseline], "opt": accuracy[o.variant]}
                                       if o.baseline in accuracy and o.variant in accuracy else None)})
     return rows
+
+
+def _hit_share(m: dict[str, Any]) -> float | None:
+    """Share of a step's prompt tokens the goodput router sent to the prefill worker it predicted holds them
+    cached (follow-up turns routed to their prefix); None where the router did not say (least_loaded)."""
+    hits, tokens = m.get("prefix_hit_tokens"), m.get("input_tokens")
+    return round(hits / tokens, 3) if hits is not None and tokens else None
 
 
 def quality_of(outputs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -202,17 +211,22 @@ def summary_table(rows: Sequence[dict[str, Any]]) -> str:
         b, o, q = r["base"], r["opt"], r["quality"]
         qual = f"{q['identical']}/{q['prompts']} identical" if q else "-"
         if r.get("accuracy"):
+            # NOTE: lm-eval's results also hold each task's sample count (`.../sample_len`): not a score
             qual += "; " + ", ".join(f"{k.split('/')[0].removeprefix('saaf_capitals_')} "
                                      f"{r['accuracy']['base'][k]:.2f} -> {r['accuracy']['opt'].get(k, math.nan):.2f}"
-                                     for k in sorted(r["accuracy"]["base"]))
+                                     for k in sorted(r["accuracy"]["base"]) if not k.endswith("/sample_len"))
         name = r["option"] + (f" (acceptance {r['spec_acceptance']:.2f})" if r.get("spec_acceptance") else "")
+        hits = r.get("prefix_hits") or {}
+        if hits.get("opt") is not None:
+            name += f" (prompt tokens routed to their cached prefix {hits['opt']:.0%})"
         body.append([name, f"{r['workload']} ({r['expect']})", _arrow(b["ttft_p50"], o["ttft_p50"]),
                      _arrow(b["ttft_p99"], o["ttft_p99"]), _arrow(b["itl_p50"], o["itl_p50"]),
-                     _arrow(b["itl_p99"], o["itl_p99"]), _arrow(b["goodput_rps"], o["goodput_rps"], _dec(3)),
+                     _arrow(b["itl_p99"], o["itl_p99"]), _arrow(b["tpot_p50"], o["tpot_p50"]),
+                     _arrow(b["goodput_rps"], o["goodput_rps"], _dec(3)),
                      _arrow(b["dollars_per_m_input"], o["dollars_per_m_input"], _dec(2)),
                      _arrow(b["dollars_per_m_output"], o["dollars_per_m_output"], _dec(2)), qual])
     return md_table(["optimisation", "workload", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms",
-                     "goodput req/s", "$/M in", "$/M out", "greedy eval set"], body)
+                     "TPOT p50 ms", "goodput req/s", "$/M in", "$/M out", "greedy eval set"], body)
 
 
 def plot(rows: Sequence[dict[str, Any]], out_dir: Path) -> list[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from benchmarks.client import RequestRecord
 
@@ -157,6 +157,10 @@ class RateSummary:
     mean_tokens_per_chunk: float | None
     max_send_lag_s: float
     cost: Cost | None
+    served_late: int = 0
+    """Answered in full but past a target: what admission should have refused instead."""
+    refusal: LatencySummary = field(default_factory=lambda: LatencySummary.of([]))
+    """Send -> 429 response of the refused requests ("refused at once" is read here)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -196,4 +200,6 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, rate: float |
         mean_tokens_per_chunk=sum(r.completion_tokens for r in ok) / chunks if chunks else None,
         max_send_lag_s=max((r.start_s - r.scheduled_s for r in records), default=0.0),
         cost=cost_of(records, duration_s, cost_model) if cost_model is not None else None,
+        served_late=len(ok) - len(met),
+        refusal=LatencySummary.of([r.e2e_s for r in records if r.status == 429 and r.e2e_s is not None]),
     )

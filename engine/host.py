@@ -169,6 +169,8 @@ class EngineHost:
             spec_acceptance=round(t.spec_accepted / t.spec_drafted, 4) if t.spec_drafted else None,
             calibrating=own_requests(self),
             step_tokens=self.engine.vllm_config.scheduler_config.max_num_batched_tokens or 0,
+            spec_drafted=t.spec_drafted,
+            spec_accepted=t.spec_accepted,
         )
 
     def totals_snapshot(self) -> dict[str, Any]:
@@ -182,7 +184,10 @@ class EngineHost:
         from engine import calibrate
 
         vc = self.engine.vllm_config
-        key = calibrate.machine_key(self.model_name, str(vc.model_config.dtype).removeprefix("torch."),
+        # NOTE: a quantized copy served under the same name has latencies of its own
+        quant = vc.model_config.quantization
+        key = calibrate.machine_key(self.model_name + (f"-{quant}" if quant else ""),
+                                    str(vc.model_config.dtype).removeprefix("torch."),
                                     self.cfg.cpu_threads if self.device == "cpu" else vc.parallel_config.tensor_parallel_size,
                                     self.device)
         if cached:

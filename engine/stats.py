@@ -30,3 +30,7 @@ class WorkerStats(NamedTuple):
     calibrating: int = 0
     # NOTE: the engine's step token budget as vLLM settled it (max_num_batched_tokens; 0: not reported)
     step_tokens: int = 0
+    # NOTE: draft tokens proposed and accepted since the engine started (speculating engines only): the
+    # difference of two snapshots is the acceptance over the time between them
+    spec_drafted: int = 0
+    spec_accepted: int = 0

@@ -9,6 +9,7 @@ from typing import Any
 
 from benchmarks.compare.analysis import findings, foreign_load, side_by_side, slo_sweep
 from benchmarks.compare.metrics import slo_capacity
+from benchmarks.compare.outcomes import outcomes, router_rows, within
 from benchmarks.compare.planner import planner_rows
 from benchmarks.compare.quality_check import quality_summary
 from benchmarks.compare.quiet import FOREIGN_LIMIT
@@ -27,10 +28,13 @@ def load_raw(path: Path) -> dict[str, Any]:
     return raw
 
 
-def assemble(raw: dict[str, Any]) -> dict[str, Any]:
+def assemble(raw: dict[str, Any], dollars_per_hour: float | None = None) -> dict[str, Any]:
     """The full report from what the run measured (``raw``: header, parts, records, predictions,
-    quality outputs)."""
+    quality outputs). ``dollars_per_hour`` (the box's price) overrides the run's own, e.g. for a run
+    saved before the price was recorded."""
     report = dict(raw["report"])
+    if dollars_per_hour is not None:
+        report["dollars_per_hour"] = dollars_per_hour
     parts, records, pred = raw["parts"], raw["records"], raw["pred"]
     rates, slo = report["rates"], report["slo"]
     rows = side_by_side(parts["colocated"]["steps"], parts["disaggregated"]["steps"])
@@ -45,6 +49,15 @@ def assemble(raw: dict[str, Any]) -> dict[str, Any]:
                               for m in MODES}
     report["findings"] = findings(rows, report["resources"], slo, report["attainment_target"])
     durations = {m: {r["rate"]: r[m]["duration_s"] for r in rows} for m in MODES}
+    report["outcomes"] = outcomes(records, durations, slo, report["shapes"], report.get("dollars_per_hour"))
+    for r in rows:
+        for m in MODES:
+            o = report["outcomes"].get(m, {}).get(r["rate"], {})
+            r[m].update({k: o.get(k) for k in ("late", "refused", "refusal_p50_s", "refusal_max_s",
+                                               "dollars_per_m_input", "dollars_per_m_output",
+                                               "dollars_per_m_tokens")})
+    router = router_rows(report["resources"])
+    report["router"] = {"rows": router, "within": within(router)}
     report["slo_sweep"] = {"ttft_s": slo["ttft_s"],
                            "rows": slo_sweep(records, durations, slo["ttft_s"], report["tpot_targets"])}
     report["modes"] = parts

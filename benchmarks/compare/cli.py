@@ -32,7 +32,7 @@ from benchmarks.compare.shapes import (
     shape_variant,
     shapes,
 )
-from benchmarks.compare.tables import goodput_table
+from benchmarks.compare.tables import goodput_table, outcome_table, router_table
 from benchmarks.compare.traffic import Traffic, parse_rates, rate_steps
 from benchmarks.compare.writer import write_raw, write_report_files
 from benchmarks.stats import SLO
@@ -40,6 +40,8 @@ from benchmarks.stats import SLO
 logger = logging.getLogger(__name__)
 
 PROG = ("python", "-m", "benchmarks.compare")
+DEFAULT_PRICE = 0.10
+"""$/hour of the whole box when --dollars-per-hour is not given (as benchmarks.optimizations)."""
 DESCRIPTION = ("Colocated vs disaggregated serving on the same resources: one tool deploys each shape in "
                "turn,\nreplays the same traffic against both and writes one side-by-side report.")
 
@@ -93,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--port", type=int, help="Serve HTTP port for both modes (default: a free port)")
     a("--modes", default="colocated,disaggregated", help="modes to run, in order")
     a("--profile", default=str(DEFAULT_PROFILE), help="measured profile for the planner check")
+    a("--dollars-per-hour", type=float, default=None,
+      help="price of the whole box, for $/M input and output tokens (default 0.10; with --from-raw: the run's own "
+           "price unless given)")
     a("--seed", type=int, default=0)
     a("--request-timeout", type=float, default=120.0, help="seconds per request")
     a("--no-quality", action="store_true", help="skip the greedy-output comparison")
@@ -133,6 +138,8 @@ def check_args(args: argparse.Namespace) -> tuple[list[float], list[str]]:
         raise ValueError(f"--tpot-sweep {args.tpot_sweep!r}: a comma list of seconds, e.g. 0.08,0.1") from None
     if any(not t > 0 for t in args.tpot_targets):
         raise ValueError(f"--tpot-sweep {args.tpot_sweep!r}: every target must be > 0")
+    if args.dollars_per_hour is not None and not args.dollars_per_hour >= 0:
+        raise ValueError(f"--dollars-per-hour {args.dollars_per_hour} must be >= 0, e.g. 0.10")
     if not Path(args.profile).is_file():
         raise ValueError(f"--profile {args.profile!r} does not exist")
     return rates, modes
@@ -153,6 +160,7 @@ def _header(args: argparse.Namespace, prov: Provenance, rates: list[float], traf
     return {**prov.start_fields(), "model": args.model, "rates": rates,
             "num_requests": args.num_requests, "duration_s": args.duration, "seed": args.seed, "policy": args.policy,
             "disaggregation": args.disaggregation,
+            "dollars_per_hour": DEFAULT_PRICE if args.dollars_per_hour is None else args.dollars_per_hour,
             "workload": dict(vars(traffic.workload)),
             "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo}, "attainment_target": args.attainment_target,
             "tpot_targets": args.tpot_targets, "profile": os.path.relpath(args.profile, REPO),
@@ -183,6 +191,11 @@ def write_outputs(report: dict[str, Any], out_dir: Path | None) -> int:
     print()
     print(goodput_table(rows))
     print()
+    print(outcome_table(rows))
+    print()
+    if report.get("router", {}).get("rows"):
+        print(router_table(report["router"]["rows"]))
+        print()
     print(planner_table(report["planner"]["rows"]))
     if report.get("quality"):
         print()
@@ -207,7 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.from_raw:
         out = Path(args.out) if args.out else Path(args.from_raw).parent
-        return write_outputs(assemble(load_raw(Path(args.from_raw))), out)
+        if args.dollars_per_hour is not None and not args.dollars_per_hour >= 0:
+            parser.error(f"--dollars-per-hour {args.dollars_per_hour} must be >= 0, e.g. 0.10")
+        return write_outputs(assemble(load_raw(Path(args.from_raw)), args.dollars_per_hour), out)
     try:
         rates, modes = check_args(args)
         traffic = Traffic(make_workload(args), args.num_requests, args.duration, args.seed,

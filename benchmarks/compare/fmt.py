@@ -10,6 +10,10 @@ def fmt_ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.0f}"
 
 
+def fmt_dollars(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
 def fmt_pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.0%}"
 

@@ -13,7 +13,14 @@ from benchmarks.compare.planner import planner_table
 from benchmarks.compare.provenance import header_lines
 from benchmarks.compare.quality_check import quality_section
 from benchmarks.compare.shapes import MODES
-from benchmarks.compare.tables import goodput_table, latency_table, resources_table, sweep_table
+from benchmarks.compare.tables import (
+    goodput_table,
+    latency_table,
+    outcome_table,
+    resources_table,
+    router_table,
+    sweep_table,
+)
 
 CPU_NOTE = (
     "Per rate step: cores used (CPU-seconds / step wall time) by each engine (Ray actor + its vLLM "
@@ -49,6 +56,14 @@ def to_markdown(report: dict[str, Any], plots: Sequence[str]) -> str:
            "## The same requests judged at other TPOT targets", "",
            f"TTFT target {slo['ttft_s']:g} s; each cell: attainment colocated / disaggregated (goodput ratio "
            "disaggregated / colocated).", "", sweep_table(report["slo_sweep"]["rows"]), "",
+           "## Admission and cost", "",
+           "Of the requests sent: met both targets; answered in full but late (what admission should have "
+           "refused); refused with 429 (send -> 429 response); failed otherwise. $/M tokens at "
+           + (f"${report['dollars_per_hour']:g}/h for the whole box" if report.get("dollars_per_hour") is not None
+              else "no price (run without --dollars-per-hour)")
+           + " over the step's wall time (disaggregated: split by engine count; colocated: by time in "
+           "prefill vs decode).", "", outcome_table(report["rows"]), "",
+           *_router_section(report),
            "## Latency (ms; nearest-rank percentiles)", "", latency_table(report["rows"]), "",
            "## Planner check", "",
            f"The placement simulator with the measured profile `{report['planner']['profile']}` on exactly the "
@@ -67,6 +82,18 @@ def to_markdown(report: dict[str, Any], plots: Sequence[str]) -> str:
     return "\n".join(md)
 
 
+def _router_section(report: dict[str, Any]) -> list[str]:
+    router = report.get("router") or {}
+    if not router.get("rows"):
+        return []
+    w = router["within"]
+    return ["## The router's predictions", "",
+            "Per served request the router predicts TTFT (routing -> first token) and TPOT; predicted / measured "
+            f"at p50 and p90 of each step. Within {w['tolerance']:.0%}: TTFT {w['ttft']['within']} of "
+            f"{w['ttft']['of']}, TPOT {w['tpot']['within']} of {w['tpot']['of']} figures.", "",
+            router_table(router["rows"]), ""]
+
+
 def _run_notes(report: dict[str, Any]) -> list[str]:
     """Disturbed steps, discarded attempts, the idle probe and the engines' CPU affinity."""
     md: list[str] = []
@@ -82,7 +109,11 @@ def _run_notes(report: dict[str, Any]) -> list[str]:
         md += ["Attempts discarded for a cleaner repeat of the same step: " + "; ".join(redo) + ".", ""]
     probes = {m: modes[m].get("idle_probe") for m in MODES}
     if all(probes.values()):
-        md += ["Idle probe (before the sweep, one request at a time, fresh 512-token prompts, 32 output tokens): "
+        lens = {(p.get("input_tokens"), p.get("output_tokens")) for p in probes.values()}
+        ins, outs = next(iter(lens))
+        shape = (f"fresh {ins}-token prompts, {outs} output tokens" if len(lens) == 1 and ins and outs
+                 else "fresh prompts")
+        md += [f"Idle probe (before the sweep, one request at a time, {shape}): "
                + "; ".join(f"{m} TTFT p50 {fmt_ms(p['ttft_p50_s'])} ms, TPOT p50 {fmt_ms(p['tpot_p50_s'])} ms"
                            for m, p in probes.items()) + ".", ""]
     aff = {m: modes[m].get("affinity") for m in MODES}

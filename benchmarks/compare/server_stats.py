@@ -26,6 +26,7 @@ class StatsSampler:
         self.url = endpoint.rstrip("/") + "/v1/stats"
         self.interval_s = interval_s
         self.samples: list[dict[str, Any]] = []
+        self.first: dict[str, Any] = {}
         self.last: dict[str, Any] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="stats-sampler", daemon=True)
@@ -36,6 +37,7 @@ class StatsSampler:
                 try:
                     body = client.get(self.url).json()
                     self.samples.append({"t": time.monotonic(), "workers": body.get("workers", [])})
+                    self.first = self.first or body
                     self.last = body
                 except (httpx.HTTPError, ValueError) as exc:
                     logger.debug("stats sample failed: %s", exc)
@@ -48,6 +50,13 @@ class StatsSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        # NOTE: one last sample once the step is over, so counters (draft tokens) cover all of it
+        try:
+            body = httpx.get(self.url, timeout=3.0, trust_env=False).json()
+            self.samples.append({"t": time.monotonic(), "workers": body.get("workers", [])})
+            self.last = body
+        except (httpx.HTTPError, ValueError) as exc:
+            logger.debug("stats sample failed: %s", exc)
 
     def predictions(self) -> list[list[float | None]]:
         """The goodput router's [seq, predicted TTFT, measured TTFT, predicted TPOT, measured TPOT] log."""
@@ -83,11 +92,21 @@ def worker_load(samples: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "median_step_s": steps[len(steps) // 2] if steps else None,
             "mean_kv_usage": sum(w.get("kv_usage", 0.0) for w in ws) / len(ws),
             "max_kv_usage": max((w.get("kv_usage", 0.0) for w in ws), default=0.0),
-            # NOTE: accepted / proposed draft tokens since the engine started (speculating engines only)
-            "spec_acceptance": next((w["spec_acceptance"] for w in reversed(ws) if w.get("spec_acceptance") is not None),
-                                    None),
+            **_acceptance(ws),
         }
     return out
+
+
+def _acceptance(ws: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Accepted / proposed draft tokens of a speculating worker over the samples (the first and last
+    snapshot's counters), so a step is not credited with what earlier steps' traffic proposed; the
+    engine's figure since it started where it reports no counters."""
+    drafted = (ws[-1].get("spec_drafted") or 0) - (ws[0].get("spec_drafted") or 0)
+    if drafted > 0:
+        accepted = (ws[-1].get("spec_accepted") or 0) - (ws[0].get("spec_accepted") or 0)
+        return {"spec_acceptance": round(accepted / drafted, 4), "spec_drafted": drafted}
+    since_start = next((w["spec_acceptance"] for w in reversed(ws) if w.get("spec_acceptance") is not None), None)
+    return {"spec_acceptance": since_start, "spec_drafted": None}
 
 
 def compact_samples(samples: Sequence[dict[str, Any]], t0: float) -> list[dict[str, Any]]:
@@ -110,6 +129,19 @@ def transfer_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "handoff_p50_s": LatencySummary.of([r["handoff_latency_s"] for r in records]).p50,
             "kv_bytes_mean": sum(r["kv_bytes"] for r in records) / len(records),
             "decode_computed_prompt_tokens_max": max(r.get("decode_computed_prompt_tokens", 0) for r in records)}
+
+
+def router_counts(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
+    """What the goodput router decided between two ``/v1/stats`` bodies: where prompts were prefilled
+    (``placements``: remote / local and why) and the prompt tokens it predicted cached on the prefill
+    worker it chose (``prefix_hit_tokens``: follow-up turns sent to the worker holding their prefix)."""
+    r0, r1 = first.get("router") or {}, last.get("router") or {}
+    if "placements" not in r1:
+        return {}
+    p0 = r0.get("placements") or {}
+    moved = {k: v - p0.get(k, 0) for k, v in (r1.get("placements") or {}).items() if v - p0.get(k, 0)}
+    return {"placements": dict(sorted(moved.items())),
+            "prefix_hit_tokens": (r1.get("prefix_hit_tokens") or 0) - (r0.get("prefix_hit_tokens") or 0)}
 
 
 def prediction_summary(entries: Sequence[Sequence[float | None]]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from benchmarks.compare.server_stats import (
     compact_samples,
     metric_means,
     prediction_summary,
+    router_counts,
     scrape_metrics,
     transfer_summary,
     worker_load,
@@ -56,6 +57,7 @@ def measure_step(endpoint: str, model: str, step: Step, engines: dict[int, str],
                          "machine_other_cores": round(max(0.0, (busy1 - busy0) / wall - sum(cores.values())), 3),
                          "workers": worker_load(sampler.samples), "transfers": transfer_summary(tel),
                          "server_means_s": metric_means(m0, m1), "router_predictions": prediction_summary(preds),
+                         "router_counts": router_counts(sampler.first, sampler.last),
                          "samples": compact_samples(sampler.samples, w0)})
 
 

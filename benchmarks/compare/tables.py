@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.compare.analysis import Resources
-from benchmarks.compare.fmt import fmt_ms, fmt_pct, fmt_ratio, md_table
+from benchmarks.compare.fmt import fmt_dollars, fmt_ms, fmt_pct, fmt_ratio, md_table
 from benchmarks.compare.quiet import FOREIGN_LIMIT
 from benchmarks.compare.shapes import MODES
 
@@ -23,6 +23,40 @@ def goodput_table(rows: Sequence[dict[str, Any]], flagged: Sequence[float] = ())
                      fmt_ratio(r["goodput_ratio"]), r["winner"]])
     return md_table(["rate req/s", "attain colo", "attain disagg", "goodput colo req/s", "goodput disagg req/s",
                      "ratio disagg/colo", "better"], body)
+
+
+def outcome_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Per rate and mode: what admission made of the requests (met / served late / refused, and how
+    fast the refusals came) and the cost per million tokens."""
+    body = []
+    for r in rows:
+        for mode in MODES:
+            m = r[mode]
+            refusal = "-" if not m.get("refused") else (
+                f"{m['refused']} ({fmt_ms(m.get('refusal_p50_s'))} / {fmt_ms(m.get('refusal_max_s'))} ms)")
+            body.append([f"{r['rate']:g}", mode, f"{m['slo_met']}/{m['sent']}", str(m.get("late", "-")), refusal,
+                         str(m["errors"] - (m.get("refused") or 0)), fmt_dollars(m.get("dollars_per_m_input")),
+                         fmt_dollars(m.get("dollars_per_m_output")), fmt_dollars(m.get("dollars_per_m_tokens"))])
+    return md_table(["rate", "mode", "met both targets", "served late", "refused 429 (send -> 429 p50 / max)",
+                     "failed", "$/M input", "$/M output", "$/M tokens (in + out)"], body)
+
+
+def router_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The router's predictions against the measurements: predicted / measured at p50 and p90."""
+    body = []
+    for r in rows:
+        cells = [f"{r['rate']:g}", r["mode"], str(r["count"])]
+        for name in ("ttft", "tpot"):
+            v = r[name]
+            cells += [f"{fmt_ms(v['p50_predicted'])} / {fmt_ms(v['p50_measured'])} ({_ratio(v['p50_ratio'])})",
+                      f"{fmt_ms(v['p90_predicted'])} / {fmt_ms(v['p90_measured'])} ({_ratio(v['p90_ratio'])})"]
+        body.append(cells)
+    return md_table(["rate", "mode", "routed", "TTFT p50 ms predicted / measured (ratio)", "TTFT p90",
+                     "TPOT p50", "TPOT p90"], body)
+
+
+def _ratio(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
 
 
 def latency_table(rows: Sequence[dict[str, Any]]) -> str:

@@ -77,6 +77,16 @@ def test_http_errors_are_recorded(status: int, kind: str) -> None:
     assert not rec.ok and rec.status == status and rec.error_kind == kind and rec.error == "busy"
 
 
+def test_refusal_time_is_recorded() -> None:
+    async def slow_refusal() -> AsyncIterator[bytes]:
+        await asyncio.sleep(0.2)
+        yield b'{"error": {"code": "slo_unattainable"}}'
+
+    rec = _run(lambda req: httpx.Response(429, content=slow_refusal()))
+    assert rec.status == 429 and rec.ttft_s is None
+    assert rec.e2e_s is not None and 0.2 - 0.01 <= rec.e2e_s < 2.0
+
+
 def test_error_event_inside_stream() -> None:
     events = [_text("a"), {"error": {"message": "engine died", "code": 500}}]
     rec = _run(lambda req: httpx.Response(200, content=_sse(events, 0.0)()))

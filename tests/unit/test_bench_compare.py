@@ -178,6 +178,20 @@ def test_worker_load_from_stats_samples() -> None:
     assert w["mean_running_when_busy"] == 3.0 and w["max_running"] == 4
     assert w["median_step_s"] == 0.07  # idle samples' step times are ignored
     assert w["mean_waiting"] == pytest.approx(1 / 3)
+    assert w["spec_acceptance"] is None  # not a speculating engine
+
+
+def test_speculation_acceptance_is_the_steps_own() -> None:
+    def snap(drafted: int, accepted: int) -> dict:
+        return {"workers": [{"worker_id": "decode-0", "role": "decode", "running": 1, "waiting": 0,
+                             "spec_acceptance": round(accepted / drafted, 4), "spec_drafted": drafted,
+                             "spec_accepted": accepted}]}
+
+    # earlier traffic left 1000 drafted / 900 accepted; this step proposed 400 and accepted 100
+    w = cmp.worker_load([snap(1000, 900), snap(1200, 950), snap(1400, 1000)])["decode-0"]
+    assert w["spec_acceptance"] == 0.25 and w["spec_drafted"] == 400
+    old = [{"workers": [{"worker_id": "decode-0", "role": "decode", "running": 1, "spec_acceptance": 0.6}]}]
+    assert cmp.worker_load(old)["decode-0"]["spec_acceptance"] == 0.6  # engines without counters
 
 
 def test_findings_name_the_colocated_miss_and_capacity() -> None:

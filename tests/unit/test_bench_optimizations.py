@@ -77,11 +77,13 @@ def test_the_int8_row_carries_task_accuracy_before_and_after():
              "disaggregated+w8a8": {"steps": [_summary(1.5), _summary(2.5)]}}
     by = {d.variant.name: d for d in opt.DEPLOYS}
     metrics = {n: opt.step_metrics(p, by[n].workloads) for n, p in parts.items()}
-    acc = {"disaggregated": {"saaf_capitals_mc/acc": 0.9}, "disaggregated+w8a8": {"saaf_capitals_mc/acc": 0.8}}
+    acc = {"disaggregated": {"saaf_capitals_mc/acc": 0.9, "saaf_capitals_mc/sample_len": 20.0},
+           "disaggregated+w8a8": {"saaf_capitals_mc/acc": 0.8, "saaf_capitals_mc/sample_len": 20.0}}
     rows = opt.rows_of(metrics, {}, acc)
     assert {r["workload"] for r in rows} == {"chat", "multiturn"}
     assert all(r["accuracy"] == {"base": acc["disaggregated"], "opt": acc["disaggregated+w8a8"]} for r in rows)
-    assert "mc 0.90 -> 0.80" in opt.summary_table(rows)
+    table = opt.summary_table(rows)
+    assert "mc 0.90 -> 0.80" in table and "20.00" not in table  # lm-eval's sample count is not a score
     assert by["disaggregated+w8a8"].accuracy and by["disaggregated"].accuracy
 
 
@@ -92,3 +94,22 @@ def test_only_the_prefix_caching_variants_cache_prefixes():
     assert caching == {"disaggregated+prefix-caching", "disaggregated-2p+prefix-caching",
                        "disaggregated-2p+prefix-caching+least-loaded"}
     assert opt.caches_prefixes({"engine": {}, "pool_engines": {"decode": {"enable_prefix_caching": True}}})
+
+
+def test_prefix_routing_rows_show_the_share_of_prompt_tokens_sent_to_their_cached_prefix():
+    def step(hits: int | None) -> dict:
+        return {"router_counts": {} if hits is None else {"prefix_hit_tokens": hits, "placements": {}}}
+
+    parts = {"disaggregated-2p+prefix-caching+least-loaded": {
+                 "steps": [dict(_summary(1.0), input_tok_s=100.0), dict(_summary(1.0), input_tok_s=100.0)],
+                 "resources": {"chat": step(None), "multiturn": step(None)}},
+             "disaggregated-2p+prefix-caching": {
+                 "steps": [dict(_summary(0.5), input_tok_s=100.0), dict(_summary(0.9), input_tok_s=100.0)],
+                 "resources": {"multiturn": step(600), "chat": step(0)}}}
+    by = {d.variant.name: d for d in opt.DEPLOYS}
+    metrics = {n: opt.step_metrics(p, by[n].workloads) for n, p in parts.items()}
+    rows = {r["workload"]: r for r in opt.rows_of(metrics, {})}
+    # 800 prompt tokens in the 8 s step, 600 of them sent where they were cached
+    assert rows["multiturn"]["prefix_hits"] == {"base": None, "opt": 0.75}
+    assert rows["chat"]["prefix_hits"]["opt"] == 0.0
+    assert "routed to their cached prefix 75%" in opt.summary_table(list(rows.values()))
