@@ -392,7 +392,10 @@ def _planner_dict(planner: dict[str, Any] | str, base: Path) -> dict[str, Any]:
             pc = resolve_paths(parse_planner_config(planner, "planner"), base)
     except PlacementError as e:
         raise ConfigError(f"planner: {e}") from None
-    return pc.model_dump(mode="json", exclude_none=True)
+    out = pc.model_dump(mode="json", exclude_none=True)
+    # NOTE: the model section keeps only what was given: a dtype left out follows the engines' (planning.py)
+    out["model"] = pc.model.model_dump(mode="json", exclude_unset=True)
+    return out
 
 
 def resolve_api_keys(cfg: DeployConfig) -> tuple[DeployConfig, str | None]:

@@ -17,8 +17,41 @@ from placement.errors import PlacementError, UnknownNameError
 
 logger = logging.getLogger(__name__)
 
-DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5625}
+# NOTE: int8 = W8A8 (per-channel scales, negligible); int4 = weight-only 4-bit with a 16-bit scale and zero
+# point per group of 128 (GPTQ/AWQ), whose matmuls run at the 16-bit peak (no int4 tensor-core path in vLLM).
+DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5625, "int8": 1, "int4": 0.53}
 GIB = 1024**3
+
+
+# vLLM quantization methods whose weight format the method's name alone fixes.
+QUANT_METHOD_DTYPE = {"fp8": "fp8", "modelopt": "fp8", "modelopt_fp4": "fp4", "awq": "int4", "awq_marlin": "int4",
+                      "gptq": "int4", "gptq_marlin": "int4"}
+
+
+def weight_dtype_of(quantization: str | None, quant_config: dict | None = None) -> str | None:
+    """The planner's weight dtype for an engine's vLLM ``quantization`` (or, when that is unset, the
+    checkpoint's ``quantization_config`` from its config.json); None when neither says (unquantized or a
+    scheme the planner has no dtype for)."""
+    method = quantization or (quant_config or {}).get("quant_method")
+    if method in QUANT_METHOD_DTYPE:
+        return QUANT_METHOD_DTYPE[method]
+    if method != "compressed-tensors":
+        return None
+    bits = set()
+    for group in ((quant_config or {}).get("config_groups") or {}).values():
+        w = group.get("weights") or {}
+        acts = group.get("input_activations")
+        bits.add((w.get("type"), w.get("num_bits"), bool(acts)))
+    if len(bits) != 1:
+        return None
+    kind, nbits, w_and_a = bits.pop()
+    if kind == "float" and nbits == 8:
+        return "fp8"
+    if kind == "int" and nbits == 8:
+        return "int8" if w_and_a else None
+    if kind == "int" and nbits == 4:
+        return "int4"
+    return None
 
 
 def dtype_bytes(dtype: str) -> float:
@@ -121,21 +154,24 @@ HARDWARE: dict[str, HardwareArch] = {
     h.name: h
     for h in (
         # NOTE: A100 has no FP8 tensor cores; fp8 weights on A100 are dequantised to fp16 for the matmul.
-        HardwareArch("a100-80gb", {"fp32": 19.5, "bf16": 312, "fp16": 312, "fp8": 312}, 80, 2.039, 300, 25, 8,
-                     gpu_hour_usd=1.8),
-        HardwareArch("h100-sxm", {"fp32": 67, "bf16": 989, "fp16": 989, "fp8": 1979}, 80, 3.35, 450, 50, 8,
-                     gpu_hour_usd=3.0),
-        HardwareArch("h200", {"fp32": 67, "bf16": 989, "fp16": 989, "fp8": 1979}, 141 * 1e9 / GIB, 4.8, 450, 50, 8,
-                     gpu_hour_usd=3.8),
+        # INT8 tensor cores (dense TOPS) where the chip has them: W8A8 int8 weights compute there.
+        HardwareArch("a100-80gb", {"fp32": 19.5, "bf16": 312, "fp16": 312, "fp8": 312, "int8": 624}, 80, 2.039, 300,
+                     25, 8, gpu_hour_usd=1.8),
+        HardwareArch("h100-sxm", {"fp32": 67, "bf16": 989, "fp16": 989, "fp8": 1979, "int8": 1979}, 80, 3.35, 450, 50,
+                     8, gpu_hour_usd=3.0),
+        HardwareArch("h200", {"fp32": 67, "bf16": 989, "fp16": 989, "fp8": 1979, "int8": 1979}, 141 * 1e9 / GIB, 4.8,
+                     450, 50, 8, gpu_hour_usd=3.8),
         # Blackwell, per GPU, dense: NVIDIA HGX B200 / HGX B300 and GB200 / GB300 NVL72 datasheets (8-GPU
         # HGX figures and 72-GPU rack figures divided by the GPU count; sparsity halved away). NVLink 5 is
         # 1.8 TB/s per GPU in both directions, 900 GB/s each way. A GB200/GB300 "node" here is the
         # 72-GPU NVLink domain of one NVL72 rack.
-        HardwareArch("b200", {"fp32": 80, "bf16": 2250, "fp16": 2250, "fp8": 4500, "fp4": 9000}, 180 * 1e9 / GIB,
-                     8.0, 900, 50, 8, gpu_hour_usd=5.5),
+        HardwareArch("b200", {"fp32": 80, "bf16": 2250, "fp16": 2250, "fp8": 4500, "fp4": 9000, "int8": 4500},
+                     180 * 1e9 / GIB, 8.0, 900, 50, 8, gpu_hour_usd=5.5),
+        # NOTE: no int8 entry for B300/GB300 (Blackwell Ultra cut INT8 throughput and we hold no datasheet
+        # figure): int8 weights are planned at the 16-bit peak there.
         HardwareArch("b300", {"fp32": 75, "bf16": 2250, "fp16": 2250, "fp8": 4500, "fp4": 13500},
                      288 * 1e9 / GIB, 8.0, 900, 100, 8, gpu_hour_usd=7.0),
-        HardwareArch("gb200", {"fp32": 80, "bf16": 2500, "fp16": 2500, "fp8": 5000, "fp4": 10000},
+        HardwareArch("gb200", {"fp32": 80, "bf16": 2500, "fp16": 2500, "fp8": 5000, "fp4": 10000, "int8": 5000},
                      186 * 1e9 / GIB, 8.0, 900, 50, 72, gpu_hour_usd=6.5),
         HardwareArch("gb300", {"fp32": 75, "bf16": 2500, "fp16": 2500, "fp8": 5000, "fp4": 15000},
                      288 * 1e9 / GIB, 8.0, 900, 100, 72, gpu_hour_usd=8.0),

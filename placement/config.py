@@ -18,7 +18,7 @@ from placement.errors import PlacementError
 
 logger = logging.getLogger(__name__)
 
-Dtype = Literal["fp32", "bf16", "fp16", "fp8", "fp4"]
+Dtype = Literal["fp32", "bf16", "fp16", "fp8", "fp4", "int8", "int4"]
 
 
 class _Strict(BaseModel):
@@ -28,7 +28,9 @@ class _Strict(BaseModel):
 class ModelSpec(_Strict):
     name: str = Field(description="catalog name (e.g. llama-3.1-8b, opt-13b) or a path to an HF config.json")
     weight_dtype: Dtype = Field("bf16", description="dtype of the weights in HBM (fp8 halves weight bytes; fp4 "
-                                                    "is NVFP4, 4.5 bits per weight with its scales)")
+                                                    "is NVFP4, 4.5 bits per weight with its scales; int8 is W8A8 "
+                                                    "on the INT8 tensor cores; int4 is 4-bit weight-only, 16-bit "
+                                                    "matmuls); with pools: auto the engine's quantization sets it")
     kv_dtype: Dtype = Field("bf16", description="dtype of the KV cache")
 
 

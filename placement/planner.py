@@ -14,6 +14,7 @@ from placement.config import PlannerConfig
 from placement.context import PlanContext
 from placement.dispatch import InstanceView
 from placement.errors import PlacementError
+from placement.packing import pack_nodes, unit_packing
 from placement.plan import Colocated, PlacementPlan, PoolShape
 from placement.search import (
     PhaseChoice,
@@ -70,35 +71,6 @@ def choose_algorithm(ctx: PlanContext, wl: Workload) -> str:
     p90 = int(np.percentile(wl.inputs, 90))
     slow = lat.kv_transfer_time_s(p90, same_node=False) > AFFINITY_THRESHOLD * ctx.cfg.slo.ttft_s
     return "low-affinity" if slow else "high-affinity"
-
-
-def pack_nodes(n_p: int, g_p: int, n_d: int, g_d: int, gpn: int) -> tuple[list[list[str]], list[int], list[int]]:
-    """First-fit packing of instances onto nodes, prefill and decode interleaved so pairs share nodes.
-    Instances wider than a node take whole nodes. Returns (node contents, node of each P, node of each D)."""
-    nodes: list[list[str]] = []
-    free: list[int] = []
-    p_node = [0] * n_p
-    d_node = [0] * n_d
-    order = [("P", i, g_p) for i in range(n_p)] + [("D", i, g_d) for i in range(n_d)]
-    order.sort(key=lambda x: (x[1] * (n_p + n_d) // (n_p if x[0] == "P" else n_d), x[0] == "D"))
-    for kind, i, g in order:
-        label = f"{kind}{i}"
-        if g >= gpn:
-            first = len(nodes)
-            for k in range(math.ceil(g / gpn)):
-                nodes.append([f"{label}.{k}"])
-                free.append(0)
-            node = first
-        else:
-            node = next((j for j, f in enumerate(free) if f >= g), -1)
-            if node < 0:
-                nodes.append([])
-                free.append(gpn)
-                node = len(nodes) - 1
-            nodes[node].append(label)
-            free[node] -= g
-        (p_node if kind == "P" else d_node)[i] = node
-    return nodes, p_node, d_node
 
 
 def _verify(ctx: PlanContext, p: PhaseChoice, d: PhaseChoice, n: int, m: int, p_group: list[int],
@@ -219,7 +191,7 @@ def _size(ctx: PlanContext, wl: Workload, algo: str, pre: list[PhaseChoice], dec
         if unit is not None:
             n, m = units * unit.n_prefill, units * unit.n_decode
             goodput = units * unit.goodput_rps
-            packing, p_group, d_group = _unit_packing(unit, units)
+            packing, p_group, d_group = unit_packing(unit.n_prefill, unit.n_decode, unit.gpus, units, gpn)
         else:
             n, m = _pool_counts(feasible, rate, gp, gd, bp.lat.gpus, bd.lat.gpus, total)
             goodput = min(n * gp, m * gd)
@@ -282,10 +254,3 @@ def _pool_counts(feasible: bool, rate: float | None, gp: float, gd: float, gpus_
     return best
 
 
-def _unit_packing(unit: Unit, units: int) -> tuple[list[list[str]], list[int], list[int]]:
-    """Algorithm 2: unit u is node u holding its prefill and decode instances."""
-    nodes = [[f"P{u * unit.n_prefill + i}" for i in range(unit.n_prefill)]
-             + [f"D{u * unit.n_decode + i}" for i in range(unit.n_decode)] for u in range(units)]
-    p_group = [i // unit.n_prefill for i in range(units * unit.n_prefill)]
-    d_group = [i // unit.n_decode for i in range(units * unit.n_decode)]
-    return nodes, p_group, d_group

@@ -21,7 +21,8 @@ from placement.catalog import get_hardware, get_model
 from placement.config import LatencySpec, LengthDist, WorkloadSpec
 from placement.errors import PlacementError, UnknownNameError
 from placement.latency import LatencyModel
-from placement.planner import GroupedDispatch, pack_nodes
+from placement.packing import pack_nodes
+from placement.planner import GroupedDispatch
 from placement.sim_result import SimResult
 from placement.simulator import simulate_colocated, simulate_disaggregated
 from placement.workload import Workload

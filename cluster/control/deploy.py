@@ -11,6 +11,7 @@ import urllib.request
 from typing import Any
 
 from cluster.config import ConfigError, DeployConfig, resolve_api_keys
+from placement.packing import first_fit
 
 logger = logging.getLogger(__name__)
 
@@ -81,15 +82,9 @@ def check_resources(cfg: DeployConfig, sizes: dict[str, int], nodes: list[dict[s
         per_role[role] = tp * pp
     need = sum(n * per_role[r] for r, n in sizes.items())
     have = sum(n["gpus"] for n in nodes)
-    # First-fit of engines (largest first) onto nodes: each engine's GPUs on one node.
-    free = sorted((n["gpus"] for n in nodes), reverse=True)
-    fits = True
-    for g in sorted((per_role[r] for r, n in sizes.items() for _ in range(n)), reverse=True):
-        i = next((k for k, f in enumerate(free) if f >= g), None)
-        if i is None:
-            fits = False
-            break
-        free[i] -= g
+    # NOTE: each engine's GPUs on one node (its placement group is STRICT_PACK)
+    engines = [per_role[r] for r, n in sizes.items() for _ in range(n)]
+    fits = first_fit(engines, sorted((n["gpus"] for n in nodes), reverse=True)) is not None
     if need > have or not fits:
         biggest = max(per_role.values())
         nodes_needed = -(-need // max(biggest, max((n["gpus"] for n in nodes), default=biggest)))

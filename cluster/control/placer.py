@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from placement.packing import pack_nodes
+
 logger = logging.getLogger(__name__)
 
 NODE_ID_LABEL = "ray.io/node-id"
@@ -90,8 +92,6 @@ def check_packing(packing: list[list[str]], n_prefill: int, n_decode: int) -> No
 def default_packing(n_prefill: int, need_p: float, n_decode: int, need_d: float,
                     node_capacity: float) -> list[list[str]]:
     """First-fit packing with prefill and decode interleaved, so P/D pairs share a node (as the planner)."""
-    from placement.planner import pack_nodes
-
     # NOTE: pack_nodes counts whole units; scale fractional needs (0.5 GPU, 1.5 CPUs) to integers.
     scale = 100
     packing, _, _ = pack_nodes(n_prefill, max(1, round(need_p * scale)), n_decode,
