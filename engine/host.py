@@ -171,6 +171,7 @@ class EngineHost:
             step_tokens=self.engine.vllm_config.scheduler_config.max_num_batched_tokens or 0,
             spec_drafted=t.spec_drafted,
             spec_accepted=t.spec_accepted,
+            prefix_caching=bool(self.engine.vllm_config.cache_config.enable_prefix_caching),
         )
 
     def totals_snapshot(self) -> dict[str, Any]:

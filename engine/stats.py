@@ -34,3 +34,6 @@ class WorkerStats(NamedTuple):
     # difference of two snapshots is the acceptance over the time between them
     spec_drafted: int = 0
     spec_accepted: int = 0
+    # NOTE: whether the engine keeps a prefix cache (vLLM's enable_prefix_caching): the router predicts a
+    # cached prefix only where one can be
+    prefix_caching: bool = True

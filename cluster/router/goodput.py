@@ -6,8 +6,9 @@ From placement's LatencyModel and each worker's WorkerStats (docs/router.md has 
     TTFT(p, d) = r_p * (prefill(tokens queued on p + prompt, a fixed cost per batch) - half the running
                  batch) + kv_transfer(prompt, same node?)
     step(d)    = r_d * decode_step(B + 1, C + prompt + max_tokens / 2) / (1 - share_d)
-                 (B, C: batch and context on d; share_d: the share of d's time the prompts it prefills beside its
-                 streams took over the last 10 s, colocated or local prefills; 0 on a pure decode worker)
+                 (B, C: batch and context on d; share_d, colocated only: the share of d's time the prompts
+                 routed there took over the last 10 s; a decode worker's local prefills are in the step times
+                 its step correction r_d learns from)
     TPOT(d)    = step(d) + KV wait / (max_tokens - 1)       (a wait only when d's free KV cannot hold us)
     P(meet)    = Phi(ln(target / predicted) / sigma)         (log-normal prediction error)
     value      = P(TTFT) x P(TPOT) - harm    (harm: the chances of meeting their targets that our
@@ -230,6 +231,8 @@ class GoodputPolicy(Policy):
         colocated = not prefill
         pool = decode if colocated else prefill
         aff, hit = self._affine(req) if not colocated else (None, 0)
+        if hit and not any(s.worker_id == aff and s.prefix_caching for s in pool):
+            hit = 0  # NOTE: that engine keeps no prefix cache (or has left): affinity without a predicted hit
         x_cross = 0.0 if colocated else self.latency.kv_transfer_time_s(prompt, False)
         x_same = 0.0 if colocated else self.latency.kv_transfer_time_s(prompt, True)
         costs, nh, held, aff_i, by_node = self._prefill_scan(prompt, pool, now, aff, x_same != x_cross, hit)
@@ -273,7 +276,7 @@ class GoodputPolicy(Policy):
                 st.refresh_decode(s, model(s), self.alpha, cut, avg)
             mem, comp = st.sm + st.dma * ctx_new, st.sk + st.dca * ctx_new
             step = ((mem if mem > comp else comp) + st.sf) * st.dr
-            if st.pload:  # NOTE: the prefills it runs beside its streams take their share of its time
+            if colocated and st.pload:  # NOTE: the prompts it prefills take their share of its time
                 step /= 1.0 - st.prefill_share(now)
             if need <= st.free:
                 tpot = step
@@ -429,9 +432,7 @@ class GoodputPolicy(Policy):
         return None
 
     def _record_local(self, req: RouteRequest, ds: WorkerState, now: float, ttft: float) -> None:
-        t = self.decode_latency.terms
-        ds.add_prefill(t, now, req.prompt_tokens, now + req.ttft_slo_s)
-        ds.add_prefill_load(now, sum(_own(t, req.prompt_tokens, 0)))
+        ds.add_prefill(self.decode_latency.terms, now, req.prompt_tokens, now + req.ttft_slo_s)
         self._avg_out += 0.05 * (req.max_tokens - self._avg_out)
         if req.max_tokens > 1:
             need, ctx = req.prompt_tokens + req.max_tokens, req.prompt_tokens + req.max_tokens // 2

@@ -19,8 +19,9 @@ IDLE_HALF_LIFE_S = 10.0
 # NOTE: a TTFT correction too high would refuse every request, and a refused request teaches nothing: while a
 # worker's prefill queue is empty it fades toward 1 (the model calibrated on this machine), more slowly.
 PREFILL_IDLE_HALF_LIFE_S = 60.0
-# NOTE: a worker that prefills beside its streams (colocated; a decode worker taking local prefills) gives them
-# the time its prefills leave: TPOT = step / (1 - share), the share taken over our routes of the last window.
+# NOTE: a colocated worker gives its streams the time its prefills leave: TPOT = step / (1 - share), the share
+# taken over our routes of the last window. (A decode worker's local prefills show in the step times its step
+# correction learns from; counting them here too slowed its predictions twice.)
 PREFILL_LOAD_WINDOW_S = 10.0
 MAX_PREFILL_SHARE = 0.8
 
