@@ -6,7 +6,8 @@ From placement's LatencyModel and each worker's WorkerStats (docs/router.md has 
     TTFT(p, d) = r_p * (prefill(tokens queued on p + prompt, a fixed cost per batch) - half the running
                  batch) + kv_transfer(prompt, same node?)
     step(d)    = r_d * decode_step(B + 1, C + prompt + max_tokens / 2) / (1 - share_d)
-                 (B, C: batch and context on d; share_d, colocated only: the share of d's time the prompts
+                 (B, C: batch and context on d, B at least the batch the decode work routed there over the last
+                 10 s settles at, tau x step by Little's law; share_d, colocated only: the share of d's time the prompts
                  routed there took over the last 10 s; a decode worker's local prefills are in the step times
                  its step correction r_d learns from)
     TPOT(d)    = step(d) + KV wait / (max_tokens - 1)       (a wait only when d's free KV cannot hold us)
@@ -276,6 +277,13 @@ class GoodputPolicy(Policy):
                 st.refresh_decode(s, model(s), self.alpha, cut, avg)
             mem, comp = st.sm + st.dma * ctx_new, st.sk + st.dca * ctx_new
             step = ((mem if mem > comp else comp) + st.sf) * st.dr
+            if st.dload:  # NOTE: the batch it settles at under the load routed there, when above the snapshot's
+                extra = st.steady_batch(now, step) - st.b0 - 1
+                if extra > 0:
+                    dt = st.dt or lat.terms
+                    mem += st.dma * ctx_new * extra
+                    comp += (dt.d_comp_b + st.dca * ctx_new) * extra
+                    step = ((mem if mem > comp else comp) + st.sf + dt.d_lin * extra) * st.dr
             if colocated and st.pload:  # NOTE: the prompts it prefills take their share of its time
                 step /= 1.0 - st.prefill_share(now)
             if need <= st.free:
@@ -433,6 +441,7 @@ class GoodputPolicy(Policy):
 
     def _record_local(self, req: RouteRequest, ds: WorkerState, now: float, ttft: float) -> None:
         ds.add_prefill(self.decode_latency.terms, now, req.prompt_tokens, now + req.ttft_slo_s)
+        ds.add_decode_load(now, req.max_tokens)
         self._avg_out += 0.05 * (req.max_tokens - self._avg_out)
         if req.max_tokens > 1:
             need, ctx = req.prompt_tokens + req.max_tokens, req.prompt_tokens + req.max_tokens // 2
@@ -451,6 +460,7 @@ class GoodputPolicy(Policy):
                 ttft: float, transfer: float, hit: int = 0) -> None:
         ps.add_prefill(self.latency.terms, now, req.prompt_tokens - hit, now + req.ttft_slo_s - transfer)
         self._avg_out += 0.05 * (req.max_tokens - self._avg_out)
+        ds.add_decode_load(now, req.max_tokens)
         if p_id is None:  # NOTE: colocated: the prompt runs beside the worker's own streams
             ps.add_prefill_load(now, sum(_own(self.latency.terms, req.prompt_tokens, hit)))
             return

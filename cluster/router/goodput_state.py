@@ -58,7 +58,8 @@ class WorkerState:
 
     __slots__ = ("ttft_ratio", "tpot_ratio", "step_ratio", "pstats", "dstats", "led", "led_tokens", "q", "n",
                  "run", "step_ts", "base", "extra", "dls", "inc", "inc_kv", "inc_ctx", "b0", "c0", "sm", "sk",
-                 "sf", "free", "kvf", "cap", "dr", "idle_ts", "pidle_ts", "dt", "dma", "dca", "pload", "pload_s")
+                 "sf", "free", "kvf", "cap", "dr", "idle_ts", "pidle_ts", "dt", "dma", "dca", "pload", "pload_s",
+                 "dload", "dload_n")
 
     def __init__(self) -> None:
         self.ttft_ratio = self.tpot_ratio = self.step_ratio = 1.0
@@ -78,6 +79,8 @@ class WorkerState:
         self.dma = self.dca = 0.0  # their per-context-token memory and compute terms
         self.pload: deque[tuple[float, float]] = deque()  # (routed at, prefill s) of prompts it runs beside streams
         self.pload_s = 0.0
+        self.dload: deque[tuple[float, int]] = deque()  # (routed at, output tokens) of requests decoding here
+        self.dload_n = 0
 
     def refresh_prefill(self, s: WorkerStats, t: Terms, cut: float) -> None:
         """Queue as prediction terms: base = pa*q + pb*sum(l^2) (lengths assumed equal), extra = p_lin*q
@@ -129,6 +132,21 @@ class WorkerState:
             self.pload_s = 0.0  # NOTE: no float residue from the additions and subtractions
             return 0.0
         return min(MAX_PREFILL_SHARE, self.pload_s / PREFILL_LOAD_WINDOW_S)
+
+    def add_decode_load(self, now: float, tokens: int) -> None:
+        """A request routed here to decode ``tokens`` output tokens."""
+        self.dload.append((now, tokens))
+        self.dload_n += tokens
+
+    def steady_batch(self, now: float, step_s: float) -> float:
+        """The batch the worker settles at under the decode work routed here over the last
+        PREFILL_LOAD_WINDOW_S: tokens arrive at tau per second and each step serves one per stream, so
+        B = tau x step (Little's law). A request decodes through the batch as it turns over, not the snapshot
+        it was routed into."""
+        h, cut = self.dload, now - PREFILL_LOAD_WINDOW_S
+        while h and h[0][0] < cut:
+            self.dload_n -= h.popleft()[1]
+        return self.dload_n / PREFILL_LOAD_WINDOW_S * step_s if h else 0.0
 
     def refresh_decode(self, s: WorkerStats, lat: LatencyModel, alpha: float, cut: float,
                        avg_out: float) -> None:

@@ -399,3 +399,27 @@ def test_a_burst_measured_after_it_was_routed_teaches_its_slowdown_once() -> Non
     before = st_p.ttft_ratio
     p.observe(d, req(), d.predicted_ttft_s, d.predicted_tpot_s)
     assert st_p.ttft_ratio == pytest.approx(before)
+
+
+def test_tpot_is_predicted_at_the_batch_the_routed_load_settles_at() -> None:
+    """A request decodes through a batch that turns over: with tau output tokens per second routed to a
+    decode worker and one token per stream per step, the batch settles at tau x step (Little's law). A
+    snapshot between two bursts shows fewer streams than the request will share its steps with."""
+    from cluster.router.goodput_state import PREFILL_LOAD_WINDOW_S
+
+    tpots = []
+    for forget in (False, True):
+        clock = Clock()
+        p = policy(clock=clock)
+        for _ in range(20):  # 20 requests of 64 tokens in 8 s, each into a snapshot that shows one stream
+            p(req(100, 64, ttft=30.0, tpot=5.0), [pw(0, ts=clock.t)], [dw(0, running=1, ctx=200, ts=clock.t)])
+            clock.t += 0.4
+        if forget:
+            p.states["d0"].dload.clear()
+        tpots.append(p(req(100, 64), [pw(0, ts=clock.t)], [dw(0, running=1, ctx=200, ts=clock.t)]).predicted_tpot_s)
+    steady = 20 * 64 / PREFILL_LOAD_WINDOW_S * tpots[1]  # tau x step: several streams, not the snapshot's 1
+    assert steady > 4 and tpots[0] > 1.2 * tpots[1]
+    # the batch it settles at: the model's step with those streams (each with our request's context)
+    extra = steady - (p.states["d0"].b0 + 1)
+    assert tpots[0] == pytest.approx(LAT.decode_step_time_s(1 + 1 + round(extra), 200 + (1 + extra) * 132),
+                                     rel=0.15)
