@@ -40,9 +40,9 @@ def _summary(ttft: float) -> dict:
 
 
 def test_rows_pair_each_option_with_its_baseline_on_the_same_workload():
-    parts = {"disaggregated": {"steps": [_summary(1.0), _summary(2.0), _summary(3.0)]},
+    parts = {"disaggregated": {"steps": [_summary(1.0), _summary(2.0), _summary(3.0), _summary(4.0)]},
              "disaggregated+prefix-caching": {"steps": [_summary(0.9), _summary(0.5)]},
-             "disaggregated+speculation": {"steps": [_summary(1.1), _summary(3.3)], "resources": {
+             "disaggregated+speculation": {"steps": [_summary(4.4), _summary(3.3)], "resources": {
                  "templated": {"workers": {"decode-0": {"spec_acceptance": 0.6}}}}}}
     by = {d.variant.name: d for d in opt.DEPLOYS}
     metrics = {n: opt.step_metrics(p, by[n].workloads) for n, p in parts.items()}
@@ -50,7 +50,7 @@ def test_rows_pair_each_option_with_its_baseline_on_the_same_workload():
     got = {(r["option"], r["workload"]): (r["base"]["ttft_p50"], r["opt"]["ttft_p50"]) for r in rows}
     assert got == {("prefix caching", "multiturn"): (2.0, 0.5), ("prefix caching", "chat"): (1.0, 0.9),
                    ("n-gram speculation (4 tokens)", "templated"): (3.0, 3.3),
-                   ("n-gram speculation (4 tokens)", "chat"): (1.0, 1.1)}  # chunked prefill: not run
+                   ("n-gram speculation (4 tokens)", "open"): (4.0, 4.4)}  # chunked prefill: not run
     spec = next(r for r in rows if r["workload"] == "templated")
     assert spec["spec_acceptance"] == 0.6 and "prefix caching" in opt.summary_table(rows)
 
