@@ -9,7 +9,7 @@ workloads' requests open-loop:
 
   disaggregated                 1 prefill + 1 decode engine, prefix caching off (the baseline of the next two)
   + prefix caching              both pools cache prefixes: multi-turn chat (helps) vs unique chat prompts
-  + n-gram speculation          the decode pool speculates (vLLM prompt lookup): templated text vs open chat
+  + n-gram speculation          the decode pool speculates (vLLM prompt lookup): templated vs open text (eval set)
   + int8 W8A8                   both pools run engine/quantize.py's int8 copy: chat (decode) vs multi-turn (prefill)
   2 prefill + 1 decode          both cache prefixes; goodput routing (prices a cached prefix, serves all)
                                 against least_loaded: multi-turn chat vs unique chat prompts
