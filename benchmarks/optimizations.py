@@ -7,7 +7,7 @@ Eight deployments run in turn on one embedded Ray (the bundled model, fp32 on CP
 every variant routes alike and nothing is refused, but where routing is the option), each replaying its
 workloads' requests open-loop:
 
-  disaggregated                 1 prefill + 1 decode engine, prefix caching off (the baseline of the next two)
+  disaggregated                 1 prefill + 1 decode engine, prefix caching off (the baseline of the next three)
   + prefix caching              both pools cache prefixes: multi-turn chat (helps) vs unique chat prompts
   + n-gram speculation          the decode pool speculates (vLLM prompt lookup): templated vs open text (eval set)
   + int8 W8A8                   both pools run engine/quantize.py's int8 copy: chat (decode) vs multi-turn (prefill)
