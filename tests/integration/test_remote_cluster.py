@@ -99,11 +99,12 @@ def test_explicit_config_status_scale_under_load_shutdown(ray_cluster, tmp_path)
     ray_cluster, port, _ = ray_cluster
     # NOTE: every request must be served during the scaling: goodput routes (the default) but admits all.
     # NOTE: the prefill and the decode engines on different nodes of the two-node cluster (node packing).
-    # Two decode engines from the start, so the scale under load is a scale-down: a worker leaves routing,
-    # drains and stops (growing a pool under load, the same PoolController.scale, is tested in
+    # Two engines per pool from the start, so the scale under load is a scale-down of both: a worker leaves
+    # routing, drains and stops; a prefill worker also waits until every KV handoff pinned on it has been
+    # pulled (growing pools under load, the same PoolController.scale, is tested in
     # tests/integration/test_planner_loop.py; an engine start under load costs a minute of CI here).
-    cfg = _config(tmp_path, "remote", port, pools={"prefill": 1, "decode": 2,
-                                                   "node_packing": [["P0"], ["D0", "D1"]]},
+    cfg = _config(tmp_path, "remote", port, pools={"prefill": 2, "decode": 2,
+                                                   "node_packing": [["P0", "P1"], ["D0", "D1"]]},
                   router={"admission": "best_effort", "disaggregation": "always"})
     r = _cli(cfg, "--address", ray_cluster, "--no-demo")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -115,13 +116,13 @@ def test_explicit_config_status_scale_under_load_shutdown(ray_cluster, tmp_path)
               timeout=120)
     assert st.returncode == 0, st.stderr
     status = json.loads(st.stdout.strip().splitlines()[-1])
-    assert sorted(w["role"] for w in status["workers"]) == ["decode", "decode", "prefill"]
+    assert sorted(w["role"] for w in status["workers"]) == ["decode", "decode", "prefill", "prefill"]
     assert all(w["healthy"] for w in status["workers"])
     # Each engine runs in its own placement group, pinned by the node packing to the node it runs on.
-    assert len({w["placement_group"] for w in status["workers"]}) == 3
+    assert len({w["placement_group"] for w in status["workers"]}) == 4
     assert all(w["pinned_node"] == w["node_id"] and w["bundles"] == [{"CPU": 1.0}] for w in status["workers"])
     groups = [w["placement_group"] for w in status["workers"]]
-    # Real node ids (issue 13): the two engines on the cluster's two nodes, the same ids in the router's view
+    # Real node ids (issue 13): the two pools on the cluster's two nodes, the same ids in the router's view
     # (/v1/stats, from each worker's stats) as in Ray's, and the KV transfer from one node to the other.
     nodes = set(json.loads(_py(ray_cluster, "print(json.dumps([n['NodeID'] for n in ray.nodes() if n['Alive']]))")))
     by_role = {w["role"]: w["node_id"] for w in status["workers"]}
@@ -133,7 +134,7 @@ def test_explicit_config_status_scale_under_load_shutdown(ray_cluster, tmp_path)
     assert {w["role"]: w["node_id"] for w in stats["workers"]} == by_role
     assert stats["transfers"], "no KV transfer recorded between the two nodes"
 
-    # Load during the scale-down: every request must succeed.
+    # Load during the scale-down of both pools: every request must succeed.
     results: list[int] = []
     stop = threading.Event()
 
@@ -152,15 +153,16 @@ def test_explicit_config_status_scale_under_load_shutdown(ray_cluster, tmp_path)
     for t in threads:
         t.start()
     try:
-        time.sleep(2)  # NOTE: requests in flight on both decode workers
-        down = _cli("scale", "--decode", "1", "--name", "remote", "--namespace", "saaf-remote",
-                    "--address", ray_cluster, timeout=600)
+        time.sleep(2)  # NOTE: requests in flight on every worker
+        down = _cli("scale", "--prefill", "1", "--decode", "1", "--name", "remote", "--namespace",
+                    "saaf-remote", "--address", ray_cluster, timeout=600)
         assert down.returncode == 0, down.stdout + down.stderr
+        served_while_scaling = len(results)
     finally:
         stop.set()
         for t in threads:
             t.join(180)
-    assert results and set(results) == {200}, {c: results.count(c) for c in set(results)}
+    assert served_while_scaling > 3 and set(results) == {200}, {c: results.count(c) for c in set(results)}
 
     st = _cli("status", "--name", "remote", "--namespace", "saaf-remote", "--address", ray_cluster, "--json",
               timeout=120)
