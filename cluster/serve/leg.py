@@ -96,6 +96,8 @@ class Leg:
         self._refs: set[Any] = set()  # ObjectRefs and ObjectRefGenerators in flight
         self._unpulled: tuple[Any, KVHandoff] | None = None  # (decode handle, handoff) not yet pulled
         self._prefilling: tuple[Any, str | None] | None = None  # (ObjectRef, decode worker) of a prefill
+        self._closed = False  # close() ran: nothing new may start (the client may be gone)
+        self._late_release = False  # close() will release the KV of a prefill it cancelled, if it finished
 
     # ---- admission -------------------------------------------------------------------------------
     def admit(self) -> asyncio.Future[RouteDecision]:
@@ -203,6 +205,10 @@ class Leg:
             dec_params.min_tokens = max(0, params.min_tokens - len(c.token_ids))
             dec_params.prompt_logprobs = None
             first = None
+        if self._closed:  # NOTE: the client hung up on the prefill's first token before the decode started:
+            if not self._late_release:  # close() found nothing to stop, so the KV is released here
+                asyncio.ensure_future(_release(handle, pre.handoff))
+            return
         self._unpulled = (handle, pre.handoff)
         gen = handle.decode_stream.options(num_returns="streaming").remote(rid, dec_ids, dec_params, pre.handoff)
         async for item in self._stream(gen, dec.decode, self.svc.cfg.transfer.transfer_timeout_s + sc.token_timeout_s,
@@ -242,6 +248,10 @@ class Leg:
                       first_timeout: bool = False) -> AsyncIterator[Any]:
         """Items of a streaming actor call, each within `timeout` (the first within `timeout` too, then
         serve.token_timeout_s when `first_timeout`) and all within the deadline."""
+        if self._closed:  # NOTE: started after close() (the client is gone): stopped at once
+            with contextlib.suppress(Exception):
+                ray.cancel(gen)
+            return
         self._refs.add(gen)
         token_timeout = self.svc.cfg.serve.token_timeout_s
         try:
@@ -277,6 +287,7 @@ class Leg:
     # ---- cleanup ---------------------------------------------------------------------------------
     def close(self) -> None:
         """Stop everything in flight; safe to call more than once and from a cancelled task."""
+        self._closed = True
         if self._admitting is not None and not self._admitting.done():
             self._admitting.cancel()
         for ref in list(self._refs):
@@ -290,6 +301,7 @@ class Leg:
                 ray.cancel(ref)
             handle = self.svc.members.handle(decode) if decode else None
             if handle is not None:
+                self._late_release = True
                 asyncio.ensure_future(_release_late(ref, handle))
         if self._unpulled is not None:
             handle, handoff = self._unpulled
