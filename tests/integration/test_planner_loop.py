@@ -1,12 +1,12 @@
 """Live on CPU, one deployment: the planner loop (issue 16, planner_loop.mode: on) grows the prefill and
 the decode pool together under load and shrinks both once the load is gone, through PoolController.scale
-(drain first), no request failing; and per-pool engine options (issue 15): the decode pool speculates (vLLM's n-gram prompt lookup,
-pool_engines.decode.speculative) with KV from a prefill pool that does not, and its greedy outputs are
+(drain first), no request failing; and per-pool engine options (issue 15): the decode pool speculates
+(vLLM's n-gram prompt lookup, pool_engines.decode.speculative) with KV from a prefill pool that does not, and its greedy outputs are
 token for token those of one colocated engine without speculation.
 
 The SLO's targets (TTFT 1 ms, TPOT 1 ms) are ones no CPU engine meets, so any traffic wants each pool's
-maximum and no traffic its minimum: the test checks the loop's mechanism (observe, decide, act, drain) on real
-engines. How well it sizes is checked against the simulator in tests/unit/test_replan.py and in the
+maximum and no traffic its minimum: the test checks the loop's mechanism (observe, decide, act, drain) on
+real engines. How well it sizes is checked against the simulator in tests/unit/test_replan.py and in the
 committed study (benchmarks/results/replan-study)."""
 
 from __future__ import annotations
@@ -114,7 +114,9 @@ def test_the_loop_grows_under_load_and_shrinks_after_without_a_failed_request(pl
                    json={"model": model, "prompt": "after", "max_tokens": 4, "ignore_eos": True})
     assert r.status_code == 200, r.text
     metrics = httpx.get(f"{endpoint}/metrics", timeout=10).text
-    assert 'saaf_planner_target{role="prefill"}' in metrics and 'saaf_planner_target{role="decode"}' in metrics and "saaf_planner_predicted_goodput_rps" in metrics
+    for name in ('saaf_planner_target{role="prefill"}', 'saaf_planner_target{role="decode"}',
+                 "saaf_planner_predicted_goodput_rps"):
+        assert name in metrics, name
 
 
 CODE = ("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n", 40)
