@@ -57,12 +57,12 @@ WORKLOADS: dict[str, tuple[Workload, float, str]] = {  # name: (workload, reques
     "chat": (ChatWorkload(128, 0.5, 32, 0.5), 0.5, "unique chat prompts (median 128 in / 32 out)"),
     "multiturn": (MultiTurnWorkload(4, 384, 24, 24), 0.4,
                   "4 interleaved conversations, 384-word system prompt + 24 words per turn, 24 out"),
-    "templated": (PromptSetWorkload(tuple((p, n) for _, p, n in templated_prompts()), "templated"), 0.5,
+    "templated": (PromptSetWorkload.labelled(templated_prompts(), "templated"), 0.5,
                   "code, JSON, CSV, HTML, repetitions (continuations the prompt holds)"),
     "mixed": (MixedWorkload(128, 32, 0.5, 1536, 32, 0.25), 0.3, "chat with 25% 1536-token documents among it"),
     # NOTE: the synthetic chat prompts are lists of words whose continuations the prompt often holds (n-gram
     # speculation accepted 0.78 of its drafts there), so speculation's "should not help" is open text
-    "open": (PromptSetWorkload(tuple((p, n) for _, p, n in open_prompts(20)), "open"), 0.5,
+    "open": (PromptSetWorkload.labelled(open_prompts(20), "open"), 0.5,
              "the committed eval set's 20 prompts: questions, prose, a little code (open text)"),
 }
 DISAGG = {"mode": "disaggregated", "pools": {"prefill": 1, "decode": 1}}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,6 +177,11 @@ class PromptSetWorkload(Workload):
     def __post_init__(self) -> None:
         if not self.items or any(not p or n < 1 for p, n in self.items):
             raise ValueError(f"{self.name}: give at least one (prompt, output_len >= 1) pair")
+
+    @classmethod
+    def labelled(cls, rows: Sequence[tuple[str, str, int]], name: str) -> PromptSetWorkload:
+        """From (label, prompt, output_len) rows, as benchmarks.speculation's prompt sets come."""
+        return cls(tuple((p, n) for _, p, n in rows), name)
 
     def lengths(self, n: int, rng: np.random.Generator) -> list[tuple[int, int]]:
         picked = (self.items[i % len(self.items)] for i in range(n))

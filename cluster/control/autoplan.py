@@ -9,7 +9,8 @@ model, sizing by simulation, hysteresis and cooldown. This module feeds it and a
   (`ray.autoscaler.sdk.request_resources` keeps only the latest request, so a smaller set after a
   shrink is the clear), and resizes the pools with PoolController.scale: new workers join routing when
   ready; a removed worker first leaves routing, then drains (in-flight requests finish, handoffs pinned
-  on a prefill worker are pulled, released or expire), then stops.
+  on a prefill worker are pulled, released or expire), then stops. A shrink drains first the workers the
+  decision found slower than their pool (`Decision.drain_order`), then the newest.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class PlannerLoop:
         if self.cfg.request_resources:
             self._request(self.bundles(d.target))
         if d.target != current and (self._scaling is None or self._scaling.done()):
-            self._scaling = asyncio.get_running_loop().create_task(self._apply(current, d.target))
+            self._scaling = asyncio.get_running_loop().create_task(self._apply(current, d.target, d))
         return d
 
     def replanner(self) -> Replanner:
@@ -200,7 +201,7 @@ class PlannerLoop:
         if request_pool_resources(bundles):
             self.requested = bundles
 
-    async def _apply(self, current: Sizes, target: Sizes) -> None:
+    async def _apply(self, current: Sizes, target: Sizes, d: Decision) -> None:
         roles = ([("colocated", current.decode, target.decode)] if self.colocated else
                  [("prefill", current.prefill, target.prefill), ("decode", current.decode, target.decode)])
         moves = [(r, a, b) for r, a, b in roles if a != b]
@@ -209,7 +210,8 @@ class PlannerLoop:
             t0 = time.time()
             act: dict[str, Any] = {"at": t0, "role": role, "from": frm, "to": to}
             try:
-                res = await self.ctl.scale(role, to, drain_timeout_s=self.cfg.drain_timeout_s)
+                res = await self.ctl.scale(role, to, drain_timeout_s=self.cfg.drain_timeout_s,
+                                           first=d.drain_order(role))
                 act.update(res, outcome="done")
             except Exception as e:  # noqa: BLE001 - reported in the status; the next interval tries again
                 act.update(outcome="failed", error=str(e)[:300])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import ray
@@ -32,6 +33,13 @@ def actor_state(handle: Any) -> str:
         return str(actors(actor_id=handle._actor_id.hex()).get("State", "UNKNOWN"))
     except Exception:  # noqa: BLE001 - a private API; the stats timeout still detects hangs
         return "UNKNOWN"
+
+
+def drain_choice(ready: Sequence[str], first: Sequence[str], n: int) -> list[str]:
+    """The `n` workers a shrink removes: those of `first` that are ready, in that order, then the newest of
+    the rest (`ready` is oldest first)."""
+    named = [w for w in dict.fromkeys(first) if w in ready]
+    return (named + [w for w in reversed(ready) if w not in named])[:max(0, n)]
 
 
 def _root_cause(e: BaseException) -> str:
@@ -311,17 +319,20 @@ class PoolController:
                  "placement_group": w["pg"].id.hex(), "pinned_node": w["node"], "bundles": w["bundles"]}
                 for wid, w in self.workers.items()]
 
-    async def scale(self, role: str, target: int, drain_timeout_s: float = 120) -> dict[str, Any]:
-        """Grow or shrink one pool to `target` workers (starting and replacing ones count as members)."""
+    async def scale(self, role: str, target: int, drain_timeout_s: float = 120,
+                    first: Sequence[str] = ()) -> dict[str, Any]:
+        """Grow or shrink one pool to `target` workers (starting and replacing ones count as members). A
+        shrink drains the ready workers named in `first` before the others (the planner loop names those
+        slower than their pool)."""
         live = [wid for wid, w in self.workers.items() if w["role"] == role and w["state"] in LIVE]
         added, removed = [], []
         if target > len(live):
             added = [self._spawn(role) for _ in range(target - len(live))]
             await self._await_ready(added)
         elif target < len(live):
-            # NOTE: the newest ready workers go first (a starting one would be waited for anyway)
+            # NOTE: the slow ones named, then the newest ready workers (a starting one would be waited for anyway)
             ready = [wid for wid in live if self.workers[wid]["state"] == "ready"]
-            removed = ready[::-1][:len(live) - target]
+            removed = drain_choice(ready, first, len(live) - target)
             for wid in removed:
                 self.workers[wid]["state"] = "draining"
             self.version += 1

@@ -172,6 +172,12 @@ class Job:
         tpot = (e2e - ttft) / (per_leg - 1) if per_leg > 1 else 0.0
         m.slo(ttft <= self.ttft_slo_s and tpot <= self.tpot_slo_s)
         if self.svc.traffic is not None:
-            local = any(leg.decision is not None and leg.decision.local for leg in self.legs)
+            decs = [leg.decision for leg in self.legs if leg.decision is not None]
+            local = any(d.local for d in decs)
+            colocated = self.svc.cfg.mode == "colocated"
+            # NOTE: who computed the prompt: the prefill worker, else (local prefill, colocated) the decode one
+            prompt_by = [(d.prefill, "prefill") if d.prefill and not d.local and not colocated
+                         else (d.decode, "colocated" if colocated else "decode") for d in decs if d.decode or d.prefill]
+            decoded_by = [(d.decode, "colocated" if colocated else "decode") for d in decs if d.decode]
             self.svc.traffic.finished(len(self.ids), [leg.tokens for leg in self.legs], ttft, tpot, self.cached_tokens,
-                                      local)
+                                      local, prompt_by, decoded_by)

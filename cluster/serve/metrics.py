@@ -42,6 +42,9 @@ class Metrics:
                                ["kind"], registry=r)
         self.plan_goodput = Gauge("saaf_planner_predicted_goodput_rps", "Goodput the planner loop predicts for "
                                   "its target pools at the planned rate", registry=r)
+        self.plan_worker = Gauge("saaf_planner_worker_ratio", "A worker's median TTFT / TPOT over its pool's, as "
+                                 "the planner loop sees it (1: like its pool)", ["worker", "role", "kind"],
+                                 registry=r)
         self._met: deque[float] = deque()
 
     def planner(self, status: dict) -> None:
@@ -54,6 +57,11 @@ class Metrics:
         self.plan_rate.labels("observed").set(d["observed_rps"])
         self.plan_rate.labels("forecast").set(d["forecast_rps"])
         self.plan_goodput.set(d["predicted_goodput_rps"])
+        self.plan_worker.clear()  # NOTE: a worker that left the decision leaves the metric
+        for w in d.get("workers") or ():
+            for kind in ("ttft", "tpot"):
+                if w[kind] is not None:
+                    self.plan_worker.labels(w["worker"], w["role"], kind).set(w[kind])
 
     def slo(self, met: bool) -> None:
         self.requests.labels("slo_met" if met else "slo_missed").inc()

@@ -1,5 +1,6 @@
 """What this ingress replica saw, for the planner loop: arrivals with their prompt lengths, finished
-requests with output lengths, TTFT, TPOT and prefix-cache hits. Reported to the PoolController every few
+requests with output lengths, TTFT, TPOT and prefix-cache hits, and the same TTFT and TPOT again by the
+worker that computed the prompt and the one that decoded it. Reported to the PoolController every few
 seconds as a typed TrafficWindow (placement.replan); the reply is the loop's latest decision, which this
 replica exposes in /v1/stats and as saaf_planner_* metrics."""
 
@@ -9,13 +10,16 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from placement.replan import TrafficWindow
+from placement.replan import TrafficWindow, WorkerWindow
 
 logger = logging.getLogger(__name__)
 
 SAMPLE_CAP = 2000  # per field per report: a reservoir sample beyond this
+WORKER_CAP = 200  # per worker per field per report
+MAX_WORKERS = 512  # workers tracked per report (bounded whatever the membership churn)
 REPORT_TIMEOUT_S = 10.0
 REPORT_EVERY_S = 5.0  # (or half the planner interval, if shorter)
 
@@ -46,6 +50,14 @@ class TrafficLog:
         self.prompt_tokens = self.cached_tokens = self.finished_n = self.local_n = 0
         self._fields = {k: _Reservoir(self.cap, self._rng)
                         for k in ("prompt_lens", "output_lens", "ttft_s", "tpot_s")}
+        self._workers: dict[tuple[str, str], tuple[_Reservoir, _Reservoir]] = {}
+
+    def _worker(self, worker: str, role: str) -> tuple[_Reservoir, _Reservoir] | None:
+        k = (worker, role)
+        if k not in self._workers and len(self._workers) < MAX_WORKERS:
+            self._workers[k] = (_Reservoir(min(self.cap, WORKER_CAP), self._rng),
+                                _Reservoir(min(self.cap, WORKER_CAP), self._rng))
+        return self._workers.get(k)
 
     def arrival(self, prompt_len: int, n: int = 1) -> None:
         """A request reached the engine client (admitted or not: demand). `n` completions = n arrivals."""
@@ -54,15 +66,25 @@ class TrafficLog:
             self._fields["prompt_lens"].add(prompt_len)
 
     def finished(self, prompt_len: int, output_lens: list[int], ttft_s: float, tpot_s: float,
-                 cached_tokens: int, local: bool = False) -> None:
-        """A served request; `local`: the router had it prefilled on its decode worker."""
+                 cached_tokens: int, local: bool = False, prompt_by: Sequence[tuple[str, str]] = (),
+                 decoded_by: Sequence[tuple[str, str]] = ()) -> None:
+        """A served request; `local`: the router had it prefilled on its decode worker. `prompt_by`: the
+        (worker, role) that computed its prompt, `decoded_by`: the one that decoded it (one per completion
+        of an n > 1 request; each gets the request's TTFT and TPOT)."""
         self.finished_n += 1
         self.local_n += local
         for n in output_lens:
             self._fields["output_lens"].add(n)
         self._fields["ttft_s"].add(ttft_s)
-        if max(output_lens, default=0) > 1:
+        decoded = max(output_lens, default=0) > 1
+        if decoded:
             self._fields["tpot_s"].add(tpot_s)
+        for w, role in set(prompt_by):
+            if (res := self._worker(w, role)) is not None:
+                res[0].add(ttft_s)
+        for w, role in set(decoded_by) if decoded else ():
+            if (res := self._worker(w, role)) is not None:
+                res[1].add(tpot_s)
         self.prompt_tokens += prompt_len
         self.cached_tokens += min(cached_tokens, prompt_len)
 
@@ -73,7 +95,8 @@ class TrafficLog:
         w = TrafficWindow(self.start_s, now, self.arrivals, tuple(int(v) for v in f["prompt_lens"].items),
                           tuple(int(v) for v in f["output_lens"].items), tuple(f["ttft_s"].items),
                           tuple(f["tpot_s"].items), self.prompt_tokens, self.cached_tokens, self.finished_n,
-                          self.local_n)
+                          self.local_n, tuple(WorkerWindow(w, role, tuple(t.items), tuple(d.items))
+                                              for (w, role), (t, d) in sorted(self._workers.items())))
         self._reset(now)
         return w
 

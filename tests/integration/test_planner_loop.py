@@ -115,8 +115,16 @@ def test_the_loop_grows_under_load_and_shrinks_after_without_a_failed_request(pl
     assert r.status_code == 200, r.text
     metrics = httpx.get(f"{endpoint}/metrics", timeout=10).text
     for name in ('saaf_planner_target{role="prefill"}', 'saaf_planner_target{role="decode"}',
-                 "saaf_planner_predicted_goodput_rps"):
+                 "saaf_planner_predicted_goodput_rps", "saaf_planner_worker_ratio"):
         assert name in metrics, name
+    # each worker the loop kept was measured on its own: the ingress filed every request's TTFT under the
+    # prefill worker that computed its prompt and its TPOT under the decode worker (disaggregation: always)
+    st = httpx.get(f"{endpoint}/v1/stats", timeout=10).json()
+    listed = {(w["worker"], w["role"]): w for w in st["planner"]["decision"]["workers"]}
+    for w in st["workers"]:
+        kind = "ttft" if w["role"] == "prefill" else "tpot"
+        got = listed.get((w["worker_id"], w["role"]))
+        assert got is not None and got["requests"] > 0 and got[kind] is not None, (w["worker_id"], listed)
 
 
 CODE = ("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n", 40)

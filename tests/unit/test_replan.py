@@ -15,7 +15,16 @@ from cluster.serve.traffic import TrafficLog
 from placement.catalog import get_hardware, get_model
 from placement.config import SLOSpec
 from placement.latency import LatencyModel
-from placement.replan import Forecaster, LoopSettings, Replanner, Sizes, TrafficWindow, merge_windows
+from placement.replan import (
+    Forecaster,
+    LoopSettings,
+    Replanner,
+    Sizes,
+    TrafficWindow,
+    WorkerRatio,
+    WorkerWindow,
+    merge_windows,
+)
 from placement.simulator import simulate_disaggregated
 
 SLO = SLOSpec(ttft_s=0.4, tpot_s=0.03, attainment=0.9)
@@ -305,3 +314,115 @@ def test_a_colocated_loop_simulates_the_chunked_prefill_its_engines_run() -> Non
     assert a.wanted.decode >= b.wanted.decode, (a.wanted, b.wanted)
     reqs = stall._workload(1.5).at_rate(1.5)
     assert stall._sim(reqs, Sizes(0, 2)).tpot().p90 > chunk._sim(reqs, Sizes(0, 2)).tpot().p90
+
+
+def _served(rng: np.random.Generator, workers: dict[tuple[str, str], tuple[float, float]], n: int = 12
+            ) -> tuple[WorkerWindow, ...]:
+    """Each (worker, role) with `n` TTFT and TPOT samples around its given medians (+-5% noise)."""
+    def around(x: float) -> tuple[float, ...]:
+        return tuple(float(v) for v in x * rng.uniform(0.95, 1.05, n))
+    return tuple(WorkerWindow(w, role, around(t), around(d)) for (w, role), (t, d) in workers.items())
+
+
+def test_the_loop_finds_the_worker_slower_than_its_pool_and_drains_it_first(lat: LatencyModel) -> None:
+    """Three decode workers, one decoding at twice the others' TPOT (a degraded node): after a few windows its
+    TPOT ratio is ~2 and the others' ~1, the decision names it first to drain, a worker's samples gather
+    over windows until there are enough to move its ratio, and one that stops reporting leaves the list."""
+    from placement.replan import MIN_WORKER_SAMPLES, WORKER_MEMORY
+
+    rp = Replanner(lat, lat, SLO, LoopSettings(max=Sizes(8, 8)))
+    rng = np.random.default_rng(7)
+    served = {("p0", "prefill"): (0.2, 0.0), ("d0", "decode"): (0.1, 0.02), ("d1", "decode"): (0.1, 0.02),
+              ("d2", "decode"): (0.1, 0.04)}
+    for i in range(6):
+        d = rp.step(window(i, 5, rng, workers=_served(rng, served)), Sizes(1, 3))
+    ratios = {w.worker: w for w in d.workers}
+    assert set(ratios) == {"p0", "d0", "d1", "d2"}
+    assert 1.7 < ratios["d2"].tpot < 2.2 and all(0.85 < ratios[w].tpot < 1.15 for w in ("d0", "d1"))
+    assert ratios["p0"].ttft == pytest.approx(1.0, abs=0.05)  # a pool of one is its own reference
+    assert d.drain_order("decode") == ["d2"] and d.drain_order("prefill") == []
+    assert ratios["d2"].requests == 6 * 12
+    # too few samples: the ratio waits for the next window's, then moves on all of them
+    def sparse(i: int, n: int) -> dict[str, WorkerRatio]:
+        ws = _served(rng, {("d2", "decode"): (0.1, 0.4)}, n) + _served(rng, {("d0", "decode"): (0.1, 0.02)})
+        return {w.worker: w for w in rp.step(window(i, 5, rng, workers=ws), Sizes(1, 3)).workers}
+
+    before = ratios["d2"].tpot
+    assert sparse(6, MIN_WORKER_SAMPLES - 1)["d2"].tpot == before
+    assert sparse(7, 1)["d2"].tpot > before * 1.5  # ~20x its pool's median, at weight 0.3
+    # the listing is bounded: a worker gone for WORKER_MEMORY windows is dropped
+    for i in range(WORKER_MEMORY):
+        d = rp.step(window(8 + i, 5, rng, workers=_served(rng, {("d0", "decode"): (0.1, 0.02)})), Sizes(1, 1))
+    assert [w.worker for w in d.workers] == ["d0"]
+    assert d.as_dict()["workers"][0]["worker"] == "d0"
+
+
+def test_the_ttft_correction_learns_from_the_prefill_pools_prompts(lat: LatencyModel) -> None:
+    """Windows whose remote prefills measure what the model predicts but whose local prefills on decode
+    workers (as many) are 5x slower: told which worker computed which prompt, the TTFT correction stays near 1; from
+    the pooled samples alone it is pulled away."""
+    rng = np.random.default_rng(8)
+    probe = Replanner(lat, lat, SLO)
+    probe._windows.append(window(0, 20, rng))
+    reqs = probe._workload(20.0).at_rate(20.0)
+    res = simulate_disaggregated(lat, lat, 4, 4, reqs)
+    done = [r for r in res.records if not r.rejected]
+    remote = tuple(r.ttft_s for r in done)
+    local = tuple(5 * x for x in remote)  # NOTE: as many local prefills, each 5x slower
+
+    def correction(tell: bool) -> float:
+        rp = Replanner(lat, lat, SLO, LoopSettings(max=Sizes(32, 32)))
+        for i in range(5):
+            w = window(i, 20, rng, ttft_s=remote + local, tpot_s=tuple(r.tpot_s for r in done if r.output_len > 1))
+            if tell:
+                w = w._replace(workers=(WorkerWindow("p0", "prefill", remote), WorkerWindow("d0", "decode", local)))
+            d = rp.step(w, Sizes(4, 4))
+        return d.ttft_correction
+
+    told, pooled = correction(True), correction(False)
+    assert 0.8 < told < 1.25, told
+    assert pooled > told * 1.5, (pooled, told)
+
+
+def test_traffic_log_and_merge_keep_each_workers_samples() -> None:
+    """The ingress files a request's TTFT under the worker that computed its prompt and its TPOT under the one
+    that decoded it (a one-token request has no TPOT); merged windows join a worker's samples."""
+    log = TrafficLog(cap=50)
+    for _ in range(10):
+        log.finished(100, [8], 0.3, 0.02, 0, prompt_by=[("p0", "prefill")], decoded_by=[("d0", "decode")])
+    log.finished(100, [8], 0.1, 0.03, 0, local=True, prompt_by=[("d1", "decode")], decoded_by=[("d1", "decode")])
+    log.finished(100, [1], 0.2, 0.0, 0, prompt_by=[("p0", "prefill")], decoded_by=[("d0", "decode")])
+    a = log.take()
+    by = {(w.worker, w.role): w for w in a.workers}
+    assert set(by) == {("p0", "prefill"), ("d0", "decode"), ("d1", "decode")}
+    assert len(by["p0", "prefill"].ttft_s) == 11 and by["p0", "prefill"].tpot_s == ()
+    assert by["d0", "decode"].ttft_s == () and len(by["d0", "decode"].tpot_s) == 10
+    assert by["d1", "decode"].ttft_s == (0.1,) and by["d1", "decode"].tpot_s == (0.03,)
+    b = TrafficWindow(5, 10, 1, (100,), (8,), workers=(WorkerWindow("p0", "prefill", (0.5,)),))
+    m = merge_windows([a, b], a.start_s, 10.0)
+    assert len({(w.worker, w.role): w for w in m.workers}["p0", "prefill"].ttft_s) == 12
+
+
+def test_a_shrink_drains_the_named_slow_workers_first_then_the_newest() -> None:
+    from cluster.control.pools import drain_choice
+
+    ready = ["d0", "d1", "d2", "d3"]  # oldest first
+    assert drain_choice(ready, [], 2) == ["d3", "d2"]
+    assert drain_choice(ready, ["d1"], 2) == ["d1", "d3"]
+    assert drain_choice(ready, ["gone", "d0", "d0"], 1) == ["d0"]  # a named worker no longer ready is skipped
+    assert drain_choice(ready, ["d0"], 0) == []
+
+
+def test_the_metrics_export_each_workers_ratio_and_forget_a_departed_one() -> None:
+    from cluster.serve.metrics import Metrics
+
+    m = Metrics()
+    base = {"target": {"prefill": 1, "decode": 2}, "wanted": {"prefill": 1, "decode": 2}, "observed_rps": 1.0,
+            "forecast_rps": 1.0, "predicted_goodput_rps": 1.0}
+    m.planner({"decision": {**base, "workers": [{"worker": "d2", "role": "decode", "ttft": None, "tpot": 2.0,
+                                                 "requests": 9}]}})
+    text = m.render().decode()
+    assert 'saaf_planner_worker_ratio{kind="tpot",role="decode",worker="d2"} 2.0' in text
+    assert 'kind="ttft",role="decode",worker="d2"' not in text  # no sample, no figure
+    m.planner({"decision": {**base, "workers": []}})
+    assert 'worker="d2"' not in m.render().decode()
