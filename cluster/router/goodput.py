@@ -305,6 +305,9 @@ class GoodputPolicy(Policy):
             d = decode[j]
             if colocated:
                 pi, x, pt, h = j, 0.0, p_meet(slo, costs[j]), harm(j)
+                # NOTE: our prompt joins a step of the streams decoding there: each of their tokens waits for it
+                sj = self.states[d.worker_id]
+                h += self._stall_harm(sj.b0, own * sj.ttft_ratio, step)
             else:
                 pi, x, h = best_p, x_cross, harm(best_p)
                 pt = best_v + h
@@ -427,17 +430,22 @@ class GoodputPolicy(Policy):
         p_meet = self.p_meet
         ptp = 1.0 if out <= 1 else p_meet(req.tpot_slo_s, tpot)
         own = p_meet(req.ttft_slo_s, ttft) * ptp
-        harm = 0.0
-        if streams:
-            stretch = pre * st.dr / max(1.0, self._avg_out / 2)
-            harm = streams * (p_meet(self.default_tpot_s, step) - p_meet(self.default_tpot_s, step + stretch))
-        value = own - harm
+        value = own - self._stall_harm(streams, pre * st.dr, step)
         if self.disaggregation == "never":
             return ttft, own, value, "never"
         # NOTE: ties go local (no transfer, a prefill worker left free for the next long prompt).
         if value >= remote_value - self.tie_probability:
             return ttft, own, value, "idle decode" if not streams else "cheaper"
         return None
+
+    def _stall_harm(self, streams: int, stall_s: float, step: float) -> float:
+        """What `streams` decoding at `step` s per token lose in P(TPOT target) when a prefill of `stall_s` joins
+        one of their steps: that step lasts it longer, spread over their remaining tokens (~half the average
+        output)."""
+        if not streams:
+            return 0.0
+        stretch = stall_s / max(1.0, self._avg_out / 2)
+        return streams * (self.p_meet(self.default_tpot_s, step) - self.p_meet(self.default_tpot_s, step + stretch))
 
     def _record_local(self, req: RouteRequest, ds: WorkerState, now: float, ttft: float) -> None:
         ds.add_prefill(self.decode_latency.terms, now, req.prompt_tokens, now + req.ttft_slo_s)

@@ -423,3 +423,19 @@ def test_tpot_is_predicted_at_the_batch_the_routed_load_settles_at() -> None:
     extra = steady - (p.states["d0"].b0 + 1)
     assert tpots[0] == pytest.approx(LAT.decode_step_time_s(1 + 1 + round(extra), 200 + (1 + extra) * 132),
                                      rel=0.15)
+
+
+def test_a_prompt_that_would_push_a_colocated_batch_past_its_tpot_is_refused_or_sent_elsewhere() -> None:
+    """A colocated engine prefills a new prompt in one of its streams' steps: each of their tokens waits for it.
+    At a batch whose step sits near the TPOT target, that costs the streams there more than the newcomer
+    gains (admission refuses it); the same prompt goes to an idle engine when there is one, and a batch far
+    below the target takes it."""
+    def co(wid: str, running: int) -> WorkerStats:
+        return WorkerStats(wid, "colocated", "", 0, running, 0, running * 300, 0.1, 5760 * 4, (), True, 1000.0)
+
+    full = policy()(req(600, 32), [], [co("c0", 24)])
+    assert not full.admit and "no pair meets the targets" in full.reason
+    assert full.p_slo > 0.8  # on its own it would most likely be in time: the refusal is for the others
+    elsewhere = policy()(req(600, 32), [], [co("c0", 24), co("c1", 0)])
+    assert elsewhere.admit and elsewhere.decode == "c1"
+    assert policy()(req(600, 32), [], [co("c0", 4)]).admit
