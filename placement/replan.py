@@ -10,11 +10,9 @@ measured TTFT and TPOT of the requests that finished). The Replanner
   each window by the ratio of measured to predicted p50 TTFT (TPOT), the prediction made by the corrected
   model itself at the pool sizes that served the window (damped), so the factors settle where the model
   reproduces the measurements, queueing included;
-- compares each worker with its pool: the ingress reports which worker computed each prompt and which
-  decoded it, so every worker gets a TTFT and a TPOT ratio (its median over the pool's, EWMA over windows);
-  `Decision.workers` lists them (/v1/stats), a worker much slower than its pool is the one a shrink
-  drains first (`drain_order`), and the pool's own TTFT correction learns from the prefill pool's prompts
-  alone where it knows them (local prefills on decode workers have TTFTs of their own);
+- compares each worker with its pool (placement.peers: every decision lists the ratios, a shrink drains a
+  worker much slower than its pool first), and learns the pool's TTFT correction from the prefill pool's
+  own prompts where the window says which worker served what (a local prefill's TTFT is its own matter);
 - forecasts the next interval's arrival rate (Holt: level + trend, so a ramp is met, not chased) and uses
   the last windows' lengths as the length distribution; it plans for the larger of the forecast and the
   rate just seen, plus `headroom`;
@@ -38,6 +36,7 @@ import numpy as np
 
 from placement.config import SLOSpec
 from placement.latency import LatencyModel
+from placement.peers import PeerComparison, WorkerRatio, WorkerWindow, drain_order
 from placement.simulator import simulate_colocated, simulate_disaggregated
 from placement.workload import Request, Workload, remote_prompts, unit_gaps
 
@@ -46,33 +45,6 @@ MIN_REQUESTS, MAX_REQUESTS = 200, 3000  # simulated per sizing probe (lengths re
 MAX_HIT_RATE = 0.95  # prefix-cache hits the model counts at most (a prompt's last token is always computed)
 LIFETIMES = 4  # a probe spans at least this many request lifetimes, so decode reaches its steady state
 MAX_PROBES = 24  # per pool per step: sizing is bounded whatever the traffic
-SLOW_WORKER = 1.2  # a worker this much slower than its pool's median is drained first on a shrink
-MIN_WORKER_SAMPLES = 3  # per worker and kind, gathered over windows, before its ratio moves
-WORKER_MEMORY = 20  # windows a worker that reports nothing stays listed
-
-
-class WorkerWindow(NamedTuple):
-    """What one worker served in an interval, as the ingress measured it."""
-
-    worker: str
-    role: str  # "prefill", "decode" or "colocated"
-    ttft_s: tuple[float, ...] = ()  # of the prompts it computed (a decode worker: its local prefills)
-    tpot_s: tuple[float, ...] = ()  # of the requests it decoded
-
-
-class WorkerRatio(NamedTuple):
-    """A worker against its pool: its median TTFT (TPOT) over the pool's, smoothed over windows (1.0: like
-    its pool; None: no sample yet)."""
-
-    worker: str
-    role: str
-    ttft: float | None
-    tpot: float | None
-    requests: int  # requests it reported (prompts computed or streams decoded) over the windows seen
-
-    @property
-    def slowness(self) -> float:
-        return max(self.ttft or 1.0, self.tpot or 1.0)
 
 
 class TrafficWindow(NamedTuple):
@@ -143,7 +115,7 @@ class Decision(NamedTuple):
     reason: str
     prefix_hit_rate: float = 0.0  # of the recent windows' prompt tokens, as the model counts it
     local_prefill_tokens: int = 0  # prompts up to this long simulated as prefilled on their decode worker
-    workers: tuple[WorkerRatio, ...] = ()  # each worker against its pool (see Replanner.worker_ratios)
+    workers: tuple[WorkerRatio, ...] = ()  # each worker against its pool (placement.peers)
 
     def as_dict(self) -> dict[str, object]:
         d = self._asdict()
@@ -153,10 +125,8 @@ class Decision(NamedTuple):
         return d
 
     def drain_order(self, role: str) -> list[str]:
-        """Workers of `role` that a shrink should drain first: those at least SLOW_WORKER times slower
-        than their pool (TTFT or TPOT), slowest first."""
-        slow = [w for w in self.workers if w.role == role and w.slowness >= SLOW_WORKER]
-        return [w.worker for w in sorted(slow, key=lambda w: -w.slowness)]
+        """Workers of `role` a shrink should drain first (placement.peers.drain_order)."""
+        return drain_order(self.workers, role)
 
 
 @dataclass(frozen=True)
@@ -222,8 +192,7 @@ class Replanner:
         self._recent: deque[Sizes] = deque(maxlen=max(1, s.down_after))
         self._changed_at = -math.inf
         self.decisions: list[Decision] = []
-        self._ratios: dict[tuple[str, str], list] = {}  # (worker, role) -> [ttft, tpot, requests, last window]
-        self._n = 0
+        self.peers = PeerComparison(s.correction_alpha)
 
     def set_decode_model(self, lat: LatencyModel) -> None:
         """A new decode model (colocated: the one engine's): e.g. a speculating pool's at a newly measured
@@ -236,8 +205,7 @@ class Replanner:
     # ---- one interval ------------------------------------------------------------------------------
     def step(self, window: TrafficWindow, current: Sizes) -> Decision:
         self._windows.append(window)
-        self._n += 1
-        self._compare_workers(window)
+        self.peers.update(window.workers)
         self._local = self._local_threshold()  # NOTE: once per window; every sizing probe reads it
         wl = self._workload()
         if wl is not None and window.arrivals:
@@ -265,7 +233,7 @@ class Replanner:
                      round(att, 4), round(att * rate, 4), round(self.ttft_corr, 4), round(self.tpot_corr, 4),
                      None if self.forecaster.error is None else round(self.forecaster.error, 4),
                      f"{reason}; {why}", round(self.prefix_hit_rate(), 4), self.local_prefill_tokens(),
-                     self.worker_ratios())
+                     self.peers.ratios())
         self.decisions.append(d)
         del self.decisions[:-500]
         return d
@@ -301,44 +269,6 @@ class Replanner:
             return current, f"shrink held: {since:.0f}s since the last change < cooldown_s"
         self._changed_at = now
         return shrink, "shrink"
-
-    # ---- each worker against its pool ---------------------------------------------------------------
-    def _compare_workers(self, window: TrafficWindow) -> None:
-        """Each worker's samples over its pool's median in the same window (all the pool's samples of that
-        kind), gathered until there are MIN_WORKER_SAMPLES; then their median moves the worker's EWMA ratio.
-        NOTE: measured against measured, not against the model: a pool of one is 1.0 by definition, and an
-        overloaded window (where the model's correction learns nothing) still shows which worker lags.
-        Sparse traffic gathers over several windows instead of never reaching the count in one."""
-        a = self.settings.correction_alpha
-        for i, kind in enumerate(("ttft_s", "tpot_s")):
-            pools: dict[str, list[float]] = {}
-            for ww in window.workers:
-                pools.setdefault(ww.role, []).extend(getattr(ww, kind))
-            for ww in window.workers:
-                st = self._ratios.setdefault((ww.worker, ww.role), [None, None, 0, self._n, [], []])
-                st[3] = self._n
-                xs, pool = [x for x in getattr(ww, kind) if x > 0], pools[ww.role]
-                ref = float(np.median(pool)) if pool else 0.0
-                if not xs or not ref > 0:
-                    continue
-                buf = st[4 + i]
-                buf.extend(math.log(x / ref) for x in xs)
-                if len(buf) < MIN_WORKER_SAMPLES:
-                    continue
-                r = float(np.median(buf))
-                st[i] = math.exp(r) if st[i] is None else math.exp((1 - a) * math.log(st[i]) + a * r)
-                buf.clear()
-        for ww in window.workers:
-            self._ratios[(ww.worker, ww.role)][2] += max(len(ww.ttft_s), len(ww.tpot_s))
-        for k in [k for k, st in self._ratios.items() if self._n - st[3] >= WORKER_MEMORY]:
-            del self._ratios[k]  # NOTE: bounded: a removed worker leaves the list
-
-    def worker_ratios(self) -> tuple[WorkerRatio, ...]:
-        def rnd(x: float | None) -> float | None:
-            return None if x is None else round(x, 3)
-
-        return tuple(WorkerRatio(w, role, rnd(st[0]), rnd(st[1]), st[2])
-                     for (w, role), st in sorted(self._ratios.items()))
 
     # ---- the model ---------------------------------------------------------------------------------
     def _workload(self, rate: float | None = None) -> Workload | None:

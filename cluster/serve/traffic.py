@@ -13,7 +13,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from placement.replan import TrafficWindow, WorkerWindow
+from placement.peers import WorkerWindow
+from placement.replan import TrafficWindow
 
 logger = logging.getLogger(__name__)
 

@@ -15,16 +15,8 @@ from cluster.serve.traffic import TrafficLog
 from placement.catalog import get_hardware, get_model
 from placement.config import SLOSpec
 from placement.latency import LatencyModel
-from placement.replan import (
-    Forecaster,
-    LoopSettings,
-    Replanner,
-    Sizes,
-    TrafficWindow,
-    WorkerRatio,
-    WorkerWindow,
-    merge_windows,
-)
+from placement.peers import MIN_WORKER_SAMPLES, WORKER_MEMORY, WorkerRatio, WorkerWindow
+from placement.replan import Forecaster, LoopSettings, Replanner, Sizes, TrafficWindow, merge_windows
 from placement.simulator import simulate_disaggregated
 
 SLO = SLOSpec(ttft_s=0.4, tpot_s=0.03, attainment=0.9)
@@ -328,8 +320,6 @@ def test_the_loop_finds_the_worker_slower_than_its_pool_and_drains_it_first(lat:
     """Three decode workers, one decoding at twice the others' TPOT (a degraded node): after a few windows its
     TPOT ratio is ~2 and the others' ~1, the decision names it first to drain, a worker's samples gather
     over windows until there are enough to move its ratio, and one that stops reporting leaves the list."""
-    from placement.replan import MIN_WORKER_SAMPLES, WORKER_MEMORY
-
     rp = Replanner(lat, lat, SLO, LoopSettings(max=Sizes(8, 8)))
     rng = np.random.default_rng(7)
     served = {("p0", "prefill"): (0.2, 0.0), ("d0", "decode"): (0.1, 0.02), ("d1", "decode"): (0.1, 0.02),
