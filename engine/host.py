@@ -62,11 +62,11 @@ class EngineHost:
         env = self.cfg.process_env(node_ip)
         kv_kwargs = None
         if transfer_cfg is not None and self.role in ("prefill", "decode"):
-            from kvtransfer.config import TransferConfig, kv_transfer_kwargs, side_channel_port, transfer_env
+            from kvtransfer.config import TransferConfig, free_port, kv_transfer_kwargs, transfer_env
 
             tcfg = TransferConfig.model_validate(transfer_cfg)
             self.transfer_cfg = tcfg
-            self.side_channel_port = side_channel_port(tcfg.side_channel_host or node_ip)
+            self.side_channel_port = free_port(tcfg.side_channel_host or node_ip)
             env.update(transfer_env(tcfg, self.side_channel_port, self.device, node_ip))
             kv_kwargs = kv_transfer_kwargs(self.role, self.engine_id, self.device, tcfg)
         # NOTE: vLLM's EngineCore is a spawned child; it inherits os.environ at spawn time.

@@ -104,19 +104,24 @@ def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
         return 32768
 
 
-def side_channel_port(host: str = "127.0.0.1", tries: int = 64) -> int:
-    """A free port for an engine's NIXL side channel, below the kernel's ephemeral range.
+def free_port(host: str = "127.0.0.1", tries: int = 64) -> int:
+    """A port free right now on ``host``, below the kernel's ephemeral range where one is free (else any):
+    for a socket bound later by another process or library (an engine's NIXL side channel, a Serve
+    endpoint). Each engine picks its own at start (and again on restart), so workers sharing a node never
+    collide and a restarted worker never reuses a stale assignment.
 
-    NOTE: a port from `free_port()` is ephemeral: between our choice and the connector's bind (seconds later,
-    during engine start) the kernel may hand the same port to any socket bound to port 0, vLLM's own ZMQ
-    sockets in the same process among them ("Address already in use" killed the handshake listener and hung
-    the engine). Ports below the ephemeral range are never handed out that way."""
+    NOTE: not an ephemeral port (bind to port 0): between our choice and the bind (seconds later, during
+    engine or Serve start) the kernel may hand the same port to any socket bound to port 0 or connecting out:
+    vLLM's own ZMQ sockets ("Address already in use" killed an engine's handshake listener and hung it),
+    or a `vllm serve` starting beside a deployment (a clean-clone CI run lost the session's Serve port so,
+    2026-12-05). Ports below that range are never handed out that way; the range used (up to 12,000 ports
+    below it, from 20,768 on Linux's default) stays above Ray's worker ports (10002-19999)."""
     import random
 
     high = _ephemeral_low() - 1
     low = max(1024, high - 12000)
     rng = random.Random()
-    for _ in range(tries):
+    for _ in range(tries if high > low else 0):
         port = rng.randint(low, high)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
@@ -124,12 +129,6 @@ def side_channel_port(host: str = "127.0.0.1", tries: int = 64) -> int:
             except OSError:
                 continue
             return port
-    return free_port(host)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free right now on ``host``. Each engine picks its own at start (and again on restart), so
-    workers sharing a node never collide and a restarted worker never reuses a stale assignment."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

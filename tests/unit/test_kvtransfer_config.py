@@ -60,12 +60,12 @@ def test_handoff_flat_block_list():
     assert h.num_blocks == 2
 
 
-def test_side_channel_ports_come_from_below_the_ephemeral_range(tmp_path) -> None:
+def test_free_ports_come_from_below_the_ephemeral_range(tmp_path) -> None:
     import socket
 
     from kvtransfer import config
 
-    ports = {config.side_channel_port("127.0.0.1") for _ in range(20)}
+    ports = {config.free_port("127.0.0.1") for _ in range(20)}
     low = config._ephemeral_low()
     assert all(1024 <= p < low for p in ports) and len(ports) > 1
     for p in ports:  # each was free when chosen
@@ -75,3 +75,14 @@ def test_side_channel_ports_come_from_below_the_ephemeral_range(tmp_path) -> Non
     f.write_text("40000\t60999\n")
     assert config._ephemeral_low(str(f)) == 40000
     assert config._ephemeral_low(str(tmp_path / "missing")) == 32768
+
+
+def test_free_port_falls_back_to_any_free_port_when_the_ephemeral_range_leaves_none_below(monkeypatch) -> None:
+    import socket
+
+    from kvtransfer import config
+
+    monkeypatch.setattr(config, "_ephemeral_low", lambda *a: 1024)
+    p = config.free_port("127.0.0.1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", p))
