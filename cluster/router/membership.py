@@ -124,6 +124,8 @@ class Membership:
         results = await asyncio.gather(*(asyncio.wait_for(r, timeout=timeout) for r in refs),
                                        return_exceptions=True)
         for wid, res in zip(ids, results, strict=True):
+            if wid not in self.handles:  # NOTE: left the pools while we waited: its answer would bring it back
+                continue
             if isinstance(res, WorkerStats):
                 self.stats[wid] = res
                 self._on_stats(res)
@@ -164,4 +166,4 @@ class Membership:
 
     def summary(self) -> list[dict[str, Any]]:
         return [dict(s._asdict(), recent_step_times_s=list(s.recent_step_times_s[-4:]))
-                for s in self.stats.values()]
+                for w, s in self.stats.items() if w in self.handles]
