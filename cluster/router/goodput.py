@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.router.goodput_state import _INF, WorkerState, _learn
 from cluster.router.latency import latency_from_config
+from cluster.router.one_engine import OneEngineOptions
 from cluster.router.policy import Policy, RouteDecision, RouteRequest, register
 from engine.stats import WorkerStats
 from placement.latency import LatencyModel, Terms
 
-LOCAL_PER_SNAPSHOT = 2  # local prefills per decode worker between two of its stats snapshots (auto)
 TICKETS = 4096  # TTFT predictions kept for revision until their request is observed (oldest dropped first)
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def _own(t: Terms, prompt: int, hit: int) -> tuple[float, float]:
     return t.pa * new + t.pb * (prompt * prompt - hit * hit), t.p_lin * new
 
 
-class GoodputPolicy(Policy):
+class GoodputPolicy(OneEngineOptions, Policy):
     """`policy(req, prefill_stats, decode_stats) -> RouteDecision`; `observe(...)` after each request.
 
     The decision names the best pair also when `admit` is False, so best-effort admission can serve it
@@ -149,7 +149,7 @@ class GoodputPolicy(Policy):
         for st in self.states.values():
             st.ttft_ratio = st.tpot_ratio = 1.0
             st.dr = st.step_ratio
-            st.pstats = st.dstats = None  # NOTE: their cached prediction terms came from the old model
+            st.pstats = st.dstats = st.vsrc = None  # NOTE: their cached prediction terms came from the old model
         logger.info("goodput router: latency model calibrated on this machine: %s", coeffs)
 
     def decode_model(self, s: WorkerStats) -> LatencyModel:
@@ -188,7 +188,8 @@ class GoodputPolicy(Policy):
     def _prefill_scan(self, prompt: int, workers: Sequence[WorkerStats], now: float, aff: str | None,
                       nodes: bool, hit: int = 0) -> tuple[list[float], int, list[int], int, dict[str, int]]:
         """Predicted queue wait + own prefill per worker (s); the lowest among workers where we would
-        delay none of our queued requests (-1: none), the others ("held"), the affinity worker's index
+        delay none of our queued requests and stall no whole request (-1: none), the others ("held"), the
+        affinity worker's index
         and {node: index of its lowest}. On the affinity worker `hit` prompt tokens are in its prefix
         cache: only the rest is computed (their attention still covers the whole prompt)."""
         t = self.latency.terms
@@ -208,7 +209,7 @@ class GoodputPolicy(Policy):
             if st.q > maxb - prompt:
                 c += p_fixed * ((st.q + pm1) // maxb) * st.ttft_ratio
             costs.append(c)
-            if st.dls:
+            if st.dls or s.decoding:  # NOTE: a newcomer there delays our queued prompts or stalls its streams
                 held.append(i)
             elif c < best_c:
                 best, best_c = i, c
@@ -252,10 +253,12 @@ class GoodputPolicy(Policy):
                     if dl - now >= sat:
                         break
                     h += p_meet(dl - now, c0) - p_meet(dl - now, c)
+                if not colocated and pool[i].decoding:  # NOTE: whole requests decoding there wait for our prompt
+                    h += self._streams_harm(pool[i], add * st.ttft_ratio, now)
                 harms[i] = h
             return h
 
-        best_p, best_v = nh, (p_meet(slo, costs[nh] + x_cross) if nh >= 0 else -_INF)
+        best_p, best_v = nh, (p_meet(slo, costs[nh] + x_cross) - harm(nh) if nh >= 0 else -_INF)
         if nh >= 0:  # NOTE: value <= P(own TTFT), which falls with the cost: only faster ones can win
             held = [i for i in held if costs[i] < costs[nh]]
         held.sort(key=costs.__getitem__)
@@ -275,23 +278,10 @@ class GoodputPolicy(Policy):
             st = get(s.worker_id) or self._state(s.worker_id)
             if st.dstats is not s:
                 st.refresh_decode(s, model(s), self.alpha, cut, avg)
-            mem, comp = st.sm + st.dma * ctx_new, st.sk + st.dca * ctx_new
-            step = ((mem if mem > comp else comp) + st.sf) * st.dr
-            if st.dload:  # NOTE: the batch it settles at under the load routed there, when above the snapshot's
-                extra = st.steady_batch(now, step) - st.b0 - 1
-                if extra > 0:
-                    dt = st.dt or lat.terms
-                    mem += st.dma * ctx_new * extra
-                    comp += (dt.d_comp_b + st.dca * ctx_new) * extra
-                    step = ((mem if mem > comp else comp) + st.sf + dt.d_lin * extra) * st.dr
+            step = st.step_s(now, ctx_new, lat.terms)
             if colocated and st.pload:  # NOTE: the prompts it prefills take their share of its time
                 step /= 1.0 - st.prefill_share(now)
-            if need <= st.free:
-                tpot = step
-            elif need > st.cap:
-                tpot = _INF
-            else:  # NOTE: KV frees as requests finish; each holds its KV for ~avg_out steps
-                tpot = step * (1.0 + (need - st.free) * st.kvf * inv_om1)
+            tpot = st.tpot_s(step, need, inv_om1)
             key = j if per_worker else s.node_id
             g = groups.get(key)
             if g is None or tpot < g[0]:
@@ -335,21 +325,27 @@ class GoodputPolicy(Policy):
                 p_own, value = p_own / pt * pt_a, value + (pt_a - harm(aff_i)) - (pt - harm(pi))
                 pi, x = aff_i, xa
         ttft_s, ds = costs[pi] + x, self.states[d.worker_id]
-        if not colocated and self.disaggregation != "always":
-            local = self._local(req, d, step, tpot, value)
-            if local is not None:
-                l_ttft, l_own, l_value, why = local
-                l_admit = l_own >= self.admit_probability and l_value > 0
-                if l_admit or self.record_refused:
-                    self._record_local(req, ds, now, l_ttft)
-                if l_admit:
-                    self.placements[f"local:{why}"] += 1
-                reason = f"goodput: local prefill ({why})" if l_admit else (
-                    f"no worker meets the targets with a local prefill: P(slo)={l_own:.3f} (net of others "
-                    f"{l_value:.3f}), TTFT {l_ttft:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {tpot:.3f} s")
-                return RouteDecision(l_admit, None, d.worker_id, reason, l_ttft, tpot if out > 1 else None, l_own,
-                                     local=True, placement=f"local:{why}", step_ratio=ds.step_ratio,
-                                     ttft_ratio=ds.ttft_ratio, tpot_ratio=ds.tpot_ratio)
+        local = self._local(req, d, step, tpot, value) if not colocated and self.disaggregation != "always" else None
+        if not colocated and self.disaggregation == "auto":
+            whole = self._whole(req, prefill, costs, harm, now, value if local is None else local[2])
+            if whole is not None:
+                i, w_tpot, w_own, w_value = whole
+                n_hit = hit if i == aff_i else 0
+                return self._route_whole(req, prefill[i], costs[i], w_tpot, w_own, w_value, now, n_hit,
+                                         own_hit if n_hit else own)
+        if local is not None:
+            l_ttft, l_own, l_value, why = local
+            l_admit = l_own >= self.admit_probability and l_value > 0
+            if l_admit or self.record_refused:
+                self._record_local(req, ds, now, l_ttft)
+            if l_admit:
+                self.placements[f"local:{why}"] += 1
+            reason = f"goodput: local prefill ({why})" if l_admit else (
+                f"no worker meets the targets with a local prefill: P(slo)={l_own:.3f} (net of others "
+                f"{l_value:.3f}), TTFT {l_ttft:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {tpot:.3f} s")
+            return RouteDecision(l_admit, None, d.worker_id, reason, l_ttft, tpot if out > 1 else None, l_own,
+                                 local=True, placement=f"local:{why}", step_ratio=ds.step_ratio,
+                                 ttft_ratio=ds.ttft_ratio, tpot_ratio=ds.tpot_ratio)
         admit = p_own >= self.admit_probability and value > 0
         p_id = None if colocated else prefill[pi].worker_id
         ticket = 0
@@ -407,54 +403,6 @@ class GoodputPolicy(Policy):
             tickets.popitem(last=False)
         return self._next_ticket
 
-    def _local(self, req: RouteRequest, d: WorkerStats, step: float, tpot: float, remote_value: float
-               ) -> tuple[float, float, float, str] | None:
-        """The local-prefill option on decode worker `d`: (TTFT, P(own targets), value net of what it costs the
-        streams decoding there, why), or None when remote prefill is better (`auto`).
-
-        A prefill on a decode engine joins one of its steps: that step lasts the prefill longer for every
-        stream running there, spread over their remaining tokens (~half the average output). The KV transfer
-        and the prefill pool's queue are saved."""
-        prompt, out, t = req.prompt_tokens, req.max_tokens, self.decode_latency.terms
-        st = self.states[d.worker_id]
-        if st.pstats is not d:  # NOTE: the prefill queue there, our own local routes since its stats included
-            st.refresh_prefill(d, t, self.clock() - self.stale_s)
-        # NOTE: the streams a local prefill would stall: the worker's batch plus what we routed there since
-        # its stats (st.b0: running + waiting + ours on the way), not the snapshot's `running` alone.
-        streams = st.b0 if st.dstats is d else d.running
-        if self.disaggregation == "auto" and sum(e[0] > d.timestamp_s for e in st.led) >= LOCAL_PER_SNAPSHOT:
-            return None  # NOTE: a burst within one stats interval does not all land on one decode engine
-        lin = st.base + t.pa * prompt + t.pb * prompt * prompt
-        pre = (lin if lin > t.p_mem else t.p_mem) + st.extra + t.p_lin * prompt
-        ttft = (pre + (step if streams else 0.0)) * st.ttft_ratio
-        p_meet = self.p_meet
-        ptp = 1.0 if out <= 1 else p_meet(req.tpot_slo_s, tpot)
-        own = p_meet(req.ttft_slo_s, ttft) * ptp
-        value = own - self._stall_harm(streams, pre * st.dr, step)
-        if self.disaggregation == "never":
-            return ttft, own, value, "never"
-        # NOTE: ties go local (no transfer, a prefill worker left free for the next long prompt).
-        if value >= remote_value - self.tie_probability:
-            return ttft, own, value, "idle decode" if not streams else "cheaper"
-        return None
-
-    def _stall_harm(self, streams: int, stall_s: float, step: float) -> float:
-        """What `streams` decoding at `step` s per token lose in P(TPOT target) when a prefill of `stall_s` joins
-        one of their steps: that step lasts it longer, spread over their remaining tokens (~half the average
-        output)."""
-        if not streams:
-            return 0.0
-        stretch = stall_s / max(1.0, self._avg_out / 2)
-        return streams * (self.p_meet(self.default_tpot_s, step) - self.p_meet(self.default_tpot_s, step + stretch))
-
-    def _record_local(self, req: RouteRequest, ds: WorkerState, now: float, ttft: float) -> None:
-        ds.add_prefill(self.decode_latency.terms, now, req.prompt_tokens, now + req.ttft_slo_s)
-        ds.add_decode_load(now, req.max_tokens)
-        self._avg_out += 0.05 * (req.max_tokens - self._avg_out)
-        if req.max_tokens > 1:
-            need, ctx = req.prompt_tokens + req.max_tokens, req.prompt_tokens + req.max_tokens // 2
-            ds.add_decode(self.decode_latency.terms, now + ttft, need, ctx, self._avg_out)
-
     def _affine(self, req: RouteRequest) -> tuple[str | None, int]:
         """The prefill worker that last took a prompt sharing this one's longest tracked prefix, and that
         prefix's length (0 when only `prefix_hash` is known: affinity without a predicted hit)."""
@@ -469,15 +417,20 @@ class GoodputPolicy(Policy):
         ps.add_prefill(self.latency.terms, now, req.prompt_tokens - hit, now + req.ttft_slo_s - transfer)
         self._avg_out += 0.05 * (req.max_tokens - self._avg_out)
         ds.add_decode_load(now, req.max_tokens)
+        # NOTE: the share of its time prompts take: a colocated worker's streams, or a prefill worker's whole requests
+        ps.add_prefill_load(now, sum(_own(self.latency.terms, req.prompt_tokens, hit)))
         if p_id is None:  # NOTE: colocated: the prompt runs beside the worker's own streams
-            ps.add_prefill_load(now, sum(_own(self.latency.terms, req.prompt_tokens, hit)))
             return
         if req.max_tokens > 1:
             need, ctx = req.prompt_tokens + req.max_tokens, req.prompt_tokens + req.max_tokens // 2
             ds.add_decode(self.decode_latency.terms, now + ttft, need, ctx, self._avg_out)
+        self._remember(req, p_id)
+
+    def _remember(self, req: RouteRequest, wid: str) -> None:
+        """Prefill worker `wid` computes this prompt: it holds its prefixes in its cache (affinity)."""
         keys = [h for _, h in req.prefixes] or ([req.prefix_hash] if req.prefix_hash else [])
         for h in keys:
-            self._affinity[h] = p_id
+            self._affinity[h] = wid
             self._affinity.move_to_end(h)
         while len(self._affinity) > self._affinity_entries:
             self._affinity.popitem(last=False)
