@@ -72,23 +72,24 @@ class TrafficWindow(NamedTuple):
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
 
 
+def _thin(xs: list, cap: int) -> tuple:
+    """At most ~`cap` of `xs`, evenly spaced."""
+    return tuple(xs[:: max(1, math.ceil(len(xs) / cap))])
+
+
 def merge_windows(windows: Sequence[TrafficWindow], start_s: float, end_s: float,
                   cap: int = 4 * SAMPLE) -> TrafficWindow:
-    """Several ingress replicas' windows as one interval [start_s, end_s) (samples capped at `cap`)."""
+    """Several ingress replicas' windows as one interval [start_s, end_s) (samples capped at `cap`, a
+    worker's at SAMPLE)."""
     def joined(field_: str) -> tuple:
-        out = [v for w in windows for v in getattr(w, field_)]
-        return tuple(out[:: max(1, math.ceil(len(out) / cap))])
+        return _thin([v for w in windows for v in getattr(w, field_)], cap)
 
     by: dict[tuple[str, str], list[WorkerWindow]] = {}
     for w in windows:
         for ww in w.workers:
             by.setdefault((ww.worker, ww.role), []).append(ww)
-
-    def thinned(xs: list[float]) -> tuple[float, ...]:
-        return tuple(xs[:: max(1, math.ceil(len(xs) / SAMPLE))])
-
-    workers = tuple(WorkerWindow(k[0], k[1], thinned([v for ww in ws for v in ww.ttft_s]),
-                                 thinned([v for ww in ws for v in ww.tpot_s])) for k, ws in sorted(by.items()))
+    workers = tuple(WorkerWindow(k[0], k[1], _thin([v for ww in ws for v in ww.ttft_s], SAMPLE),
+                                 _thin([v for ww in ws for v in ww.tpot_s], SAMPLE)) for k, ws in sorted(by.items()))
     return TrafficWindow(start_s, end_s, sum(w.arrivals for w in windows), joined("prompt_lens"),
                          joined("output_lens"), joined("ttft_s"), joined("tpot_s"),
                          sum(w.prompt_tokens for w in windows), sum(w.cached_tokens for w in windows),
