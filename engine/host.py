@@ -52,7 +52,6 @@ class EngineHost:
         self.side_channel_port: int | None = None
         self._pending: dict[str, int] = {}  # request id -> prompt tokens, until first output
         self._running_ctx: dict[str, int] = {}  # request id -> context tokens, while decoding
-        self._decoding: set[str] = set()  # generate_stream requests past their first token
         self._started = time.monotonic()
         self._calib_lock = asyncio.Lock()
         import ray
@@ -173,7 +172,6 @@ class EngineHost:
             spec_drafted=t.spec_drafted,
             spec_accepted=t.spec_accepted,
             prefix_caching=bool(self.engine.vllm_config.cache_config.enable_prefix_caching),
-            decoding=len(self._decoding),
         )
 
     def totals_snapshot(self) -> dict[str, Any]:
@@ -239,13 +237,8 @@ class EngineHost:
                               params: Any) -> AsyncIterator[Any]:
         """A whole request on this engine (colocated mode, 1-token requests, recompute fallbacks): DELTA
         RequestOutputs for vLLM ``SamplingParams`` ``params``."""
-        try:
-            async for out in self._generate(request_id, prompt_token_ids, delta_params(params)):
-                if not out.finished:
-                    self._decoding.add(request_id)
-                yield out
-        finally:
-            self._decoding.discard(request_id)
+        async for out in self._generate(request_id, prompt_token_ids, delta_params(params)):
+            yield out
 
     async def shutdown(self) -> None:
         self.engine.shutdown()

@@ -37,6 +37,3 @@ class WorkerStats(NamedTuple):
     # NOTE: whether the engine keeps a prefix cache (vLLM's enable_prefix_caching): the router predicts a
     # cached prefix only where one can be
     prefix_caching: bool = True
-    # NOTE: whole requests this engine decodes (past their first token): on a prefill worker, the part of
-    # `running` that is not a prompt being prefilled (the goodput router's `whole:` placement)
-    decoding: int = 0

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.router.goodput_state import _INF, WorkerState, _learn
 from cluster.router.latency import latency_from_config
-from cluster.router.one_engine import OneEngineOptions
+from cluster.router.local_prefill import LocalPrefill
 from cluster.router.policy import Policy, RouteDecision, RouteRequest, register
 from engine.stats import WorkerStats
 from placement.latency import LatencyModel, Terms
@@ -58,7 +58,7 @@ def _own(t: Terms, prompt: int, hit: int) -> tuple[float, float]:
     return t.pa * new + t.pb * (prompt * prompt - hit * hit), t.p_lin * new
 
 
-class GoodputPolicy(OneEngineOptions, Policy):
+class GoodputPolicy(LocalPrefill, Policy):
     """`policy(req, prefill_stats, decode_stats) -> RouteDecision`; `observe(...)` after each request.
 
     The decision names the best pair also when `admit` is False, so best-effort admission can serve it
@@ -149,7 +149,7 @@ class GoodputPolicy(OneEngineOptions, Policy):
         for st in self.states.values():
             st.ttft_ratio = st.tpot_ratio = 1.0
             st.dr = st.step_ratio
-            st.pstats = st.dstats = st.vsrc = None  # NOTE: their cached prediction terms came from the old model
+            st.pstats = st.dstats = None  # NOTE: their cached prediction terms came from the old model
         logger.info("goodput router: latency model calibrated on this machine: %s", coeffs)
 
     def decode_model(self, s: WorkerStats) -> LatencyModel:
@@ -188,8 +188,7 @@ class GoodputPolicy(OneEngineOptions, Policy):
     def _prefill_scan(self, prompt: int, workers: Sequence[WorkerStats], now: float, aff: str | None,
                       nodes: bool, hit: int = 0) -> tuple[list[float], int, list[int], int, dict[str, int]]:
         """Predicted queue wait + own prefill per worker (s); the lowest among workers where we would
-        delay none of our queued requests and stall no whole request (-1: none), the others ("held"), the
-        affinity worker's index
+        delay none of our queued requests (-1: none), the others ("held"), the affinity worker's index
         and {node: index of its lowest}. On the affinity worker `hit` prompt tokens are in its prefix
         cache: only the rest is computed (their attention still covers the whole prompt)."""
         t = self.latency.terms
@@ -209,7 +208,7 @@ class GoodputPolicy(OneEngineOptions, Policy):
             if st.q > maxb - prompt:
                 c += p_fixed * ((st.q + pm1) // maxb) * st.ttft_ratio
             costs.append(c)
-            if st.dls or s.decoding:  # NOTE: a newcomer there delays our queued prompts or stalls its streams
+            if st.dls:
                 held.append(i)
             elif c < best_c:
                 best, best_c = i, c
@@ -253,12 +252,10 @@ class GoodputPolicy(OneEngineOptions, Policy):
                     if dl - now >= sat:
                         break
                     h += p_meet(dl - now, c0) - p_meet(dl - now, c)
-                if not colocated and pool[i].decoding:  # NOTE: whole requests decoding there wait for our prompt
-                    h += self._streams_harm(pool[i], add * st.ttft_ratio, now)
                 harms[i] = h
             return h
 
-        best_p, best_v = nh, (p_meet(slo, costs[nh] + x_cross) - harm(nh) if nh >= 0 else -_INF)
+        best_p, best_v = nh, (p_meet(slo, costs[nh] + x_cross) if nh >= 0 else -_INF)
         if nh >= 0:  # NOTE: value <= P(own TTFT), which falls with the cost: only faster ones can win
             held = [i for i in held if costs[i] < costs[nh]]
         held.sort(key=costs.__getitem__)
@@ -325,27 +322,21 @@ class GoodputPolicy(OneEngineOptions, Policy):
                 p_own, value = p_own / pt * pt_a, value + (pt_a - harm(aff_i)) - (pt - harm(pi))
                 pi, x = aff_i, xa
         ttft_s, ds = costs[pi] + x, self.states[d.worker_id]
-        local = self._local(req, d, step, tpot, value) if not colocated and self.disaggregation != "always" else None
-        if not colocated and self.disaggregation == "auto":
-            whole = self._whole(req, prefill, costs, harm, now, value if local is None else local[2])
-            if whole is not None:
-                i, w_tpot, w_own, w_value = whole
-                n_hit = hit if i == aff_i else 0
-                return self._route_whole(req, prefill[i], costs[i], w_tpot, w_own, w_value, now, n_hit,
-                                         own_hit if n_hit else own)
-        if local is not None:
-            l_ttft, l_own, l_value, why = local
-            l_admit = l_own >= self.admit_probability and l_value > 0
-            if l_admit or self.record_refused:
-                self._record_local(req, ds, now, l_ttft)
-            if l_admit:
-                self.placements[f"local:{why}"] += 1
-            reason = f"goodput: local prefill ({why})" if l_admit else (
-                f"no worker meets the targets with a local prefill: P(slo)={l_own:.3f} (net of others "
-                f"{l_value:.3f}), TTFT {l_ttft:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {tpot:.3f} s")
-            return RouteDecision(l_admit, None, d.worker_id, reason, l_ttft, tpot if out > 1 else None, l_own,
-                                 local=True, placement=f"local:{why}", step_ratio=ds.step_ratio,
-                                 ttft_ratio=ds.ttft_ratio, tpot_ratio=ds.tpot_ratio)
+        if not colocated and self.disaggregation != "always":
+            local = self._local(req, d, step, tpot, value)
+            if local is not None:
+                l_ttft, l_own, l_value, why = local
+                l_admit = l_own >= self.admit_probability and l_value > 0
+                if l_admit or self.record_refused:
+                    self._record_local(req, ds, now, l_ttft)
+                if l_admit:
+                    self.placements[f"local:{why}"] += 1
+                reason = f"goodput: local prefill ({why})" if l_admit else (
+                    f"no worker meets the targets with a local prefill: P(slo)={l_own:.3f} (net of others "
+                    f"{l_value:.3f}), TTFT {l_ttft:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {tpot:.3f} s")
+                return RouteDecision(l_admit, None, d.worker_id, reason, l_ttft, tpot if out > 1 else None, l_own,
+                                     local=True, placement=f"local:{why}", step_ratio=ds.step_ratio,
+                                     ttft_ratio=ds.ttft_ratio, tpot_ratio=ds.tpot_ratio)
         admit = p_own >= self.admit_probability and value > 0
         p_id = None if colocated else prefill[pi].worker_id
         ticket = 0
@@ -417,20 +408,15 @@ class GoodputPolicy(OneEngineOptions, Policy):
         ps.add_prefill(self.latency.terms, now, req.prompt_tokens - hit, now + req.ttft_slo_s - transfer)
         self._avg_out += 0.05 * (req.max_tokens - self._avg_out)
         ds.add_decode_load(now, req.max_tokens)
-        # NOTE: the share of its time prompts take: a colocated worker's streams, or a prefill worker's whole requests
-        ps.add_prefill_load(now, sum(_own(self.latency.terms, req.prompt_tokens, hit)))
         if p_id is None:  # NOTE: colocated: the prompt runs beside the worker's own streams
+            ps.add_prefill_load(now, sum(_own(self.latency.terms, req.prompt_tokens, hit)))
             return
         if req.max_tokens > 1:
             need, ctx = req.prompt_tokens + req.max_tokens, req.prompt_tokens + req.max_tokens // 2
             ds.add_decode(self.decode_latency.terms, now + ttft, need, ctx, self._avg_out)
-        self._remember(req, p_id)
-
-    def _remember(self, req: RouteRequest, wid: str) -> None:
-        """Prefill worker `wid` computes this prompt: it holds its prefixes in its cache (affinity)."""
         keys = [h for _, h in req.prefixes] or ([req.prefix_hash] if req.prefix_hash else [])
         for h in keys:
-            self._affinity[h] = wid
+            self._affinity[h] = p_id
             self._affinity.move_to_end(h)
         while len(self._affinity) > self._affinity_entries:
             self._affinity.popitem(last=False)

@@ -59,7 +59,7 @@ class WorkerState:
     __slots__ = ("ttft_ratio", "tpot_ratio", "step_ratio", "pstats", "dstats", "led", "led_tokens", "q", "n",
                  "run", "step_ts", "base", "extra", "dls", "inc", "inc_kv", "inc_ctx", "b0", "c0", "sm", "sk",
                  "sf", "free", "kvf", "cap", "dr", "idle_ts", "pidle_ts", "dt", "dma", "dca", "pload", "pload_s",
-                 "dload", "dload_n", "vsrc")
+                 "dload", "dload_n")
 
     def __init__(self) -> None:
         self.ttft_ratio = self.tpot_ratio = self.step_ratio = 1.0
@@ -81,7 +81,6 @@ class WorkerState:
         self.pload_s = 0.0
         self.dload: deque[tuple[float, int]] = deque()  # (routed at, output tokens) of requests decoding here
         self.dload_n = 0
-        self.vsrc: WorkerStats | None = None  # a prefill worker's stats its decode terms were taken from
 
     def refresh_prefill(self, s: WorkerStats, t: Terms, cut: float) -> None:
         """Queue as prediction terms: base = pa*q + pb*sum(l^2) (lengths assumed equal), extra = p_lin*q
@@ -97,8 +96,7 @@ class WorkerState:
         pending = s.queued_prompt_tokens + un_t
         while led and (self.led_tokens - led[0][1] >= pending or led[0][0] < cut):
             self.led_tokens -= led.popleft()[1]
-        # NOTE: a colocated worker's batch is decoding, and so are the whole requests a prefill worker serves
-        run = max(0, s.running - s.decoding) if s.role == "prefill" else 0
+        run = s.running if s.role == "prefill" else 0  # NOTE: a colocated worker's batch is decoding
         self.pidle_ts, f = _idle_fade(self.pidle_ts, ts, bool(pending or run or s.waiting or un_n),
                                       PREFILL_IDLE_HALF_LIFE_S)
         self.ttft_ratio **= f
@@ -181,14 +179,6 @@ class WorkerState:
         self.free = cap * (1.0 - s.kv_usage) - queued - self.inc_kv - s.waiting * avg_out if cap else _INF
         self.kvf = avg_out / max(cap - self.free, 1.0) if cap else 0.0  # wait steps per missing KV token
         self.dr = self.tpot_ratio * self.step_ratio
-
-    def refresh_streams(self, s: WorkerStats, lat: LatencyModel, alpha: float, cut: float, avg_out: float) -> None:
-        """Decode terms of a prefill worker: its batch is the whole requests it decodes (`decoding`, plus ours on
-        the way), not the prompts it prefills."""
-        if self.vsrc is not s:
-            self.vsrc = s
-            self.refresh_decode(s._replace(running=s.decoding, waiting=0, queued_prompt_tokens=0), lat, alpha, cut,
-                                avg_out)
 
     def step_s(self, now: float, ctx_new: int, terms: Terms) -> float:
         """One decode step with us in the batch (`ctx_new` context tokens of ours), at least the batch the

@@ -47,21 +47,14 @@ class RouteDecision(NamedTuple):
     predicted_ttft_s: float | None = None
     predicted_tpot_s: float | None = None
     p_slo: float | None = None  # predicted probability of meeting both targets (goodput policy)
-    # NOTE: one engine runs the whole request (no KV transfer), the one named in `decode`; `prefill` is then None.
-    # That engine is a decode worker (local prefill), or a prefill worker when `placement` is "whole:<why>".
-    local: bool = False
-    placement: str = ""  # "remote:<why>" / "local:<why>" / "whole:<why>" (router.disaggregation), in /metrics
+    local: bool = False  # prefill on the decode worker itself (no KV transfer); `prefill` is then None
+    placement: str = ""  # "remote:<why>" / "local:<why>" (router.disaggregation), counted in /metrics
     step_ratio: float | None = None  # goodput: the decode worker's step-time correction the TPOT used
     ticket: int = 0  # goodput: its key to the TTFT prediction that later routes to the same batch revise
     # NOTE: goodput: the TTFT and TPOT corrections the predictions used; what a measurement teaches is relative
     # to them, so a burst routed with one correction and measured later moves it once, not once per request
     ttft_ratio: float | None = None
     tpot_ratio: float | None = None
-
-    @property
-    def whole(self) -> bool:
-        """The whole request on a prefill worker (`decode` names it)."""
-        return self.placement.startswith("whole:")
 
 
 class Policy(ABC):

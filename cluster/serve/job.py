@@ -173,13 +173,12 @@ class Job:
         m.slo(ttft <= self.ttft_slo_s and tpot <= self.tpot_slo_s)
         if self.svc.traffic is not None:
             decs = [leg.decision for leg in self.legs if leg.decision is not None]
-            local = any(d.local and not d.whole for d in decs)
+            local = any(d.local for d in decs)
             colocated = self.svc.cfg.mode == "colocated"
             role = "colocated" if colocated else "decode"
-            # NOTE: who computed the prompt: the prefill worker (also of a whole request), else (local prefill,
-            # colocated) the decode one; a prefill worker's TPOT is not compared with the decode pool's
-            prompt_by = [(d.prefill, "prefill") if d.prefill and not d.local and not colocated
-                         else (d.decode, "prefill" if d.whole else role) for d in decs if d.decode or d.prefill]
-            decoded_by = [(d.decode, role) for d in decs if d.decode and not d.whole]
+            # NOTE: who computed the prompt: the prefill worker, else (local prefill, colocated) the decode one
+            prompt_by = [(d.prefill, "prefill") if d.prefill and not d.local and not colocated else (d.decode, role)
+                         for d in decs if d.decode or d.prefill]
+            decoded_by = [(d.decode, role) for d in decs if d.decode]
             self.svc.traffic.finished(len(self.ids), [leg.tokens for leg in self.legs], ttft, tpot, self.cached_tokens,
                                       local, prompt_by, decoded_by)

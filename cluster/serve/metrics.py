@@ -28,8 +28,7 @@ class Metrics:
         self.recomputes = Counter("saaf_kv_recomputes", "Requests whose decode recomputed the prompt",
                                   registry=r)
         self.placement = Counter("saaf_prefill_placement", "Where admitted prompts were prefilled "
-                                 "(router.disaggregation): remote = a prefill worker, local = the decode worker, "
-                                 "whole = the whole request on a prefill worker",
+                                 "(router.disaggregation): remote = a prefill worker, local = the decode worker",
                                  ["where", "why"], registry=r)
         self.worker = Gauge("saaf_worker", "Per-worker stats", ["worker", "stat"], registry=r)
         self.pool = Gauge("saaf_pool_size", "Workers per pool", ["role"], registry=r)

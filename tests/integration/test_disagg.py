@@ -92,21 +92,3 @@ def test_side_channel_ports_and_engine_ids_are_unique(workers):
     ports = [i["side_channel_port"] for i in infos]
     assert len(set(ports)) == len(ports) and all(ports)
     assert len({i["engine_id"] for i in infos}) == len(infos)
-
-
-def test_a_whole_request_on_the_prefill_worker(colocated_worker, workers):
-    """What a `whole:` route runs (router.disaggregation auto, cluster/router/one_engine.py): the prefill
-    worker's engine decodes the request itself, with colocated's greedy output; while it decodes, its stats
-    count it as a decoding stream (`decoding`), which the router keeps out of the prefill queue."""
-    p = next(h for role, h in workers.values() if role == "prefill")
-    prompt = _prompts(23, [BLOCK + 9])[0]
-    gen = p.generate_stream.options(num_returns="streaming").remote("whole-0", prompt,
-                                                                   params(48, ignore_eos=True))
-    items, seen = [], []
-    for ref in gen:
-        items.append(ray.get(ref, timeout=120))
-        if len(items) in (2, 24):  # NOTE: past the first token, mid-stream
-            seen.append(ray.get(p.stats.remote(), timeout=30))
-    assert [(s.decoding, s.running >= s.decoding) for s in seen] == [(1, True), (1, True)], seen
-    assert ray.get(p.stats.remote(), timeout=30).decoding == 0
-    assert token_ids(items) == _colocated(colocated_worker, prompt, 48, "colo-whole")

@@ -46,7 +46,7 @@ def test_auto_prefills_a_short_prompt_on_an_idle_decode_worker() -> None:
 
 def test_auto_sends_a_long_prompt_to_the_prefill_pool_when_streams_are_decoding() -> None:
     p = policy("auto")
-    d = p(RouteRequest(900, 32, 2.0, 0.15), prefill(), decode(running=6))
+    d = p(RouteRequest(900, 32, 2.0, 0.15), prefill(), decode(running=12))
     assert d.admit and not d.local and d.prefill == "p0" and d.placement == "remote:cheaper", d
 
 
@@ -91,12 +91,12 @@ def test_never_with_a_baseline_policy_prefills_on_the_decode_worker() -> None:
 
 
 def test_a_burst_within_one_stats_interval_sends_at_most_two_local_prefills_per_decode_worker() -> None:
-    from cluster.router.one_engine import LOCAL_PER_SNAPSHOT
+    from cluster.router.local_prefill import LOCAL_PER_SNAPSHOT
 
     p = policy("auto")
     ps, ds = prefill(), decode()
     got = [p(RouteRequest(40, 32, 2.0, 0.15), ps, ds) for _ in range(10)]
-    assert sum(d.local and not d.whole for d in got) == LOCAL_PER_SNAPSHOT == 2
+    assert sum(d.local for d in got) == LOCAL_PER_SNAPSHOT == 2
     assert all(d.admit for d in got)
 
 
@@ -105,7 +105,7 @@ def test_streams_routed_since_the_last_stats_count_as_decoding_there() -> None:
     stall them, so it is not an 'idle decode' placement."""
     p = policy("auto")
     ps = prefill()
-    remote = [p(RouteRequest(400, 64, 2.0, 0.15), ps, decode(running=6)) for _ in range(2)]
+    remote = [p(RouteRequest(400, 64, 2.0, 0.15), ps, decode(running=12)) for _ in range(2)]
     assert all(d.admit and not d.local for d in remote)
     idle_snapshot = decode()  # NOTE: newer than the routes, but before their streams reach the engine
     fresh = policy("auto")(RouteRequest(40, 32, 2.0, 0.15), ps, idle_snapshot)

@@ -1,0 +1,81 @@
+"""The goodput policy's local-prefill option in a disaggregated deployment (`router.disaggregation` auto or
+never): the prompt is prefilled on the decode worker itself. No KV transfer and no prefill queue, but its
+prefill joins a step of the streams decoding there and stalls them; that cost (`_stall_harm`) is the same
+term a prompt routed to a colocated worker pays. docs/router.md has the formulas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from cluster.router.policy import RouteRequest
+from engine.stats import WorkerStats
+
+if TYPE_CHECKING:
+    from cluster.router.goodput_state import WorkerState
+    from placement.latency import LatencyModel
+
+LOCAL_PER_SNAPSHOT = 2  # local prefills per decode worker between two of its stats snapshots (auto)
+
+
+class LocalPrefill:
+    """Mixin of GoodputPolicy (it owns the state these methods read)."""
+
+    states: dict[str, WorkerState]
+    decode_latency: LatencyModel
+    disaggregation: str
+    tie_probability: float
+    default_tpot_s: float
+    stale_s: float
+    _avg_out: float
+    clock: Callable[[], float]
+    p_meet: Callable[[float, float], float]
+
+    def _local(self, req: RouteRequest, d: WorkerStats, step: float, tpot: float, remote_value: float
+               ) -> tuple[float, float, float, str] | None:
+        """The local-prefill option on decode worker `d`: (TTFT, P(own targets), value net of what it costs the
+        streams decoding there, why), or None when remote prefill is better (`auto`).
+
+        A prefill on a decode engine joins one of its steps: that step lasts the prefill longer for every
+        stream running there, spread over their remaining tokens (~half the average output). The KV transfer
+        and the prefill pool's queue are saved."""
+        prompt, out, t = req.prompt_tokens, req.max_tokens, self.decode_latency.terms
+        st = self.states[d.worker_id]
+        if st.pstats is not d:  # NOTE: the prefill queue there, our own local routes since its stats included
+            st.refresh_prefill(d, t, self.clock() - self.stale_s)
+        # NOTE: the streams a local prefill would stall: the worker's batch plus what we routed there since
+        # its stats (st.b0: running + waiting + ours on the way), not the snapshot's `running` alone.
+        streams = st.b0 if st.dstats is d else d.running
+        if self.disaggregation == "auto" and sum(e[0] > d.timestamp_s for e in st.led) >= LOCAL_PER_SNAPSHOT:
+            return None  # NOTE: a burst within one stats interval does not all land on one decode engine
+        lin = st.base + t.pa * prompt + t.pb * prompt * prompt
+        pre = (lin if lin > t.p_mem else t.p_mem) + st.extra + t.p_lin * prompt
+        ttft = (pre + (step if streams else 0.0)) * st.ttft_ratio
+        p_meet = self.p_meet
+        ptp = 1.0 if out <= 1 else p_meet(req.tpot_slo_s, tpot)
+        own = p_meet(req.ttft_slo_s, ttft) * ptp
+        value = own - self._stall_harm(streams, pre * st.dr, step)
+        if self.disaggregation == "never":
+            return ttft, own, value, "never"
+        # NOTE: ties go local (no transfer, a prefill worker left free for the next long prompt).
+        if value >= remote_value - self.tie_probability:
+            return ttft, own, value, "idle decode" if not streams else "cheaper"
+        return None
+
+    def _stall_harm(self, streams: int, stall_s: float, step: float) -> float:
+        """What `streams` decoding at `step` s per token lose in P(TPOT target) when a prefill of `stall_s` joins
+        one of their steps: that step lasts it longer, spread over their remaining tokens (~half the average
+        output)."""
+        if not streams:
+            return 0.0
+        stretch = stall_s / max(1.0, self._avg_out / 2)
+        return streams * (self.p_meet(self.default_tpot_s, step) - self.p_meet(self.default_tpot_s, step + stretch))
+
+    def _record_local(self, req: RouteRequest, ds: WorkerState, now: float, ttft: float) -> None:
+        ds.add_prefill(self.decode_latency.terms, now, req.prompt_tokens, now + req.ttft_slo_s)
+        ds.add_decode_load(now, req.max_tokens)
+        self._avg_out += 0.05 * (req.max_tokens - self._avg_out)
+        if req.max_tokens > 1:
+            need, ctx = req.prompt_tokens + req.max_tokens, req.prompt_tokens + req.max_tokens // 2
+            ds.add_decode(self.decode_latency.terms, now + ttft, need, ctx, self._avg_out)
