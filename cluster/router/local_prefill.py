@@ -33,9 +33,9 @@ class LocalPrefill:
     p_meet: Callable[[float, float], float]
 
     def _local(self, req: RouteRequest, d: WorkerStats, step: float, tpot: float, remote_value: float
-               ) -> tuple[float, float, float, str] | None:
+               ) -> tuple[float, float, float, str] | str:
         """The local-prefill option on decode worker `d`: (TTFT, P(own targets), value net of what it costs the
-        streams decoding there, why), or None when remote prefill is better (`auto`).
+        streams decoding there, why), or why not when remote prefill is better or local is ruled out (`auto`).
 
         A prefill on a decode engine joins one of its steps: that step lasts the prefill longer for every
         stream running there, spread over their remaining tokens (~half the average output). The KV transfer
@@ -48,7 +48,8 @@ class LocalPrefill:
         # its stats (st.b0: running + waiting + ours on the way), not the snapshot's `running` alone.
         streams = st.b0 if st.dstats is d else d.running
         if self.disaggregation == "auto" and sum(e[0] > d.timestamp_s for e in st.led) >= LOCAL_PER_SNAPSHOT:
-            return None  # NOTE: a burst within one stats interval does not all land on one decode engine
+            # NOTE: a burst within one stats interval does not all land on one decode engine
+            return f"{LOCAL_PER_SNAPSHOT} local prefills routed since its last stats"
         lin = st.base + t.pa * prompt + t.pb * prompt * prompt
         pre = (lin if lin > t.p_mem else t.p_mem) + st.extra + t.p_lin * prompt
         ttft = (pre + (step if streams else 0.0)) * st.ttft_ratio
@@ -61,7 +62,7 @@ class LocalPrefill:
         # NOTE: ties go local (no transfer, a prefill worker left free for the next long prompt).
         if value >= remote_value - self.tie_probability:
             return ttft, own, value, "idle decode" if not streams else "cheaper"
-        return None
+        return f"P(slo)={own:.3f} (net of the {streams} streams there {value:.3f}), TTFT {ttft:.3f} s"
 
     def _stall_harm(self, streams: int, stall_s: float, step: float) -> float:
         """What `streams` decoding at `step` s per token lose in P(TPOT target) when a prefill of `stall_s` joins

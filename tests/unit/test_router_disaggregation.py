@@ -157,3 +157,15 @@ def test_a_ttft_correction_fades_while_the_prefill_queue_is_empty() -> None:
     st.refresh_prefill(prefill(t0 + 70, waiting=2, queued=500), p.latency.terms, t0 - 60)
     st.refresh_prefill(prefill(t0 + 200, waiting=2, queued=500), p.latency.terms, t0 - 60)
     assert st.ttft_ratio == pytest.approx(2.0)  # NOTE: a queue: what it learnt stays
+
+
+def test_a_refusal_says_why_no_local_prefill_was_taken() -> None:
+    """The prefill queue misses the TTFT; the decode worker took two local prefills since its last stats (the
+    burst limit), so the third is refused, and its reason says so (a 429 body a user can act on)."""
+    p = policy("auto")
+    ps, ds = prefill(queued=6000), decode(running=2)
+    got = [p(RouteRequest(300, 32, 2.0, 0.15), ps, ds) for _ in range(3)]
+    assert [d.local for d in got[:2]] == [True, True] and not got[2].admit
+    assert "local prefill on d0: 2 local prefills routed since its last stats" in got[2].reason, got[2].reason
+    worse = policy("auto")(RouteRequest(300, 32, 2.0, 0.15), prefill(queued=6000), decode(running=40))
+    assert not worse.admit and "local prefill on d0: P(slo)=" in worse.reason, worse.reason

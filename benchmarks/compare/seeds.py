@@ -1,0 +1,116 @@
+"""Several `benchmarks.compare` runs of one workload over arrival seeds and router modes, judged together:
+`python -m benchmarks.compare.seeds benchmarks/results/goodput-*-seed*` prints, per rate, the requests each
+deployment met (summed over seeds), and in how many seeds the `auto` router met at least as many as the
+better of colocated (in its own run) and `always` (the same seed's run). One run of 30 requests moves by a
+few requests between identical runs on a shared 2-core box; a goal judged on one seed is judged on noise.
+
+Reads only the runs' report.json files; runs that differ in workload, SLO, rates or request count from the
+first are an error, not averaged in."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+SAME = ("workload", "slo", "rates", "num_requests", "model", "policy")
+
+
+class Run(NamedTuple):
+    path: Path
+    mode: str  # router.disaggregation of the disaggregated deployment: auto | always | never
+    seed: int
+    commit: str
+    dirty: bool
+    outcomes: dict[str, dict[str, dict[str, Any]]]  # deployment (colocated|disaggregated) -> rate -> counts
+    report: dict[str, Any]
+
+
+def load(paths: Sequence[Path]) -> list[Run]:
+    runs = []
+    for p in paths:
+        f = p / "report.json" if p.is_dir() else p
+        if not f.is_file():
+            raise SystemExit(f"error: {f} not found: give the --out directories of benchmarks.compare runs")
+        r = json.loads(f.read_text())
+        if r.get("failure"):
+            raise SystemExit(f"error: {f} is a failed run ({r['failure']}); re-run it or leave it out")
+        runs.append(Run(f.parent, r["disaggregation"], int(r["seed"]), r["git"]["commit"], bool(r["git"]["dirty"]),
+                        r["outcomes"], r))
+    if not runs:
+        raise SystemExit("error: no runs given")
+    first = runs[0]
+    for run in runs[1:]:
+        for k in SAME:
+            if run.report.get(k) != first.report.get(k):
+                raise SystemExit(f"error: {run.path} differs from {first.path} in {k!r} "
+                                 f"({run.report.get(k)!r} vs {first.report.get(k)!r}); compare like with like")
+    return runs
+
+
+def _met(run: Run | None, deployment: str, rate: str) -> int | None:
+    if run is None:
+        return None
+    step = run.outcomes.get(deployment, {}).get(rate)
+    return None if step is None else int(step["met"])
+
+
+def summarise(runs: Sequence[Run]) -> dict[str, Any]:
+    """Per rate: met summed over the seeds that have both an `auto` and an `always` run, and the seeds where
+    auto >= max(colocated in auto's run, always)."""
+    by = {(r.mode, r.seed): r for r in runs}
+    seeds = sorted({r.seed for r in runs if ("auto", r.seed) in by and ("always", r.seed) in by})
+    rates = [str(float(x)) for x in runs[0].report["rates"]]  # NOTE: the keys of `outcomes`
+    rows = []
+    for rate in rates:
+        auto = [_met(by[("auto", s)], "disaggregated", rate) for s in seeds]
+        always = [_met(by[("always", s)], "disaggregated", rate) for s in seeds]
+        colo_a = [_met(by[("auto", s)], "colocated", rate) for s in seeds]
+        colo_b = [_met(by[("always", s)], "colocated", rate) for s in seeds]
+        late = [by[("auto", s)].outcomes["disaggregated"][rate]["late"] for s in seeds]
+        late_always = [by[("always", s)].outcomes["disaggregated"][rate]["late"] for s in seeds]
+        wins = [s for s, a, b, c in zip(seeds, auto, always, colo_a, strict=True) if a >= max(b, c)]
+        rows.append({"rate": float(rate), "seeds": seeds, "auto": auto, "always": always,
+                     "colocated_in_auto_runs": colo_a, "colocated_in_always_runs": colo_b,
+                     "auto_late": late, "always_late": late_always, "auto_at_least_both": wins})
+    return {"runs": [{"path": str(r.path), "mode": r.mode, "seed": r.seed, "commit": r.commit, "dirty": r.dirty}
+                     for r in runs], "rows": rows}
+
+
+def markdown(summary: dict[str, Any], n: int) -> str:
+    head = ("| rate req/s | met of " + f"{n} x {len(summary['rows'][0]['seeds'])}: `auto` | `always` | colocated "
+            "(`auto` runs) | colocated (`always` runs) | served late: `auto` / `always` | seeds where `auto` >= "
+            "both |\n|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in summary["rows"]:
+        k = len(r["seeds"])
+        lines.append(f"| {r['rate']:g} | **{sum(r['auto'])}** ({', '.join(map(str, r['auto']))}) | {sum(r['always'])} "
+                     f"({', '.join(map(str, r['always']))}) | {sum(r['colocated_in_auto_runs'])} "
+                     f"({', '.join(map(str, r['colocated_in_auto_runs']))}) | {sum(r['colocated_in_always_runs'])} "
+                     f"({', '.join(map(str, r['colocated_in_always_runs']))}) | {sum(r['auto_late'])} / "
+                     f"{sum(r['always_late'])} | {len(r['auto_at_least_both'])} of {k} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.compare.seeds", description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="--out directories (or report.json files) of compare runs")
+    ap.add_argument("--json", action="store_true", help="print the summary as JSON instead of a markdown table")
+    a = ap.parse_args(argv)
+    runs = load(a.runs)
+    s = summarise(runs)
+    if not s["rows"] or not s["rows"][0]["seeds"]:
+        print("error: no seed has both an `auto` and an `always` run", file=sys.stderr)
+        return 2
+    print(json.dumps(s, indent=1) if a.json else markdown(s, int(runs[0].report["num_requests"])))
+    commits = sorted({(r.commit[:7], r.dirty) for r in runs})
+    print(f"\nruns: {len(runs)}; commits: {', '.join(c + (' (dirty)' if d else '') for c, d in commits)}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
