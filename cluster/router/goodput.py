@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.router.goodput_state import _INF, WorkerState, _learn
 from cluster.router.latency import latency_from_config
-from cluster.router.local_prefill import LocalPrefill
+from cluster.router.local_prefill import Declined, LocalPrefill
 from cluster.router.policy import Policy, RouteDecision, RouteRequest, register
 from engine.stats import WorkerStats
 from placement.latency import LatencyModel, Terms
@@ -322,11 +322,11 @@ class GoodputPolicy(LocalPrefill, Policy):
                 p_own, value = p_own / pt * pt_a, value + (pt_a - harm(aff_i)) - (pt - harm(pi))
                 pi, x = aff_i, xa
         ttft_s, ds = costs[pi] + x, self.states[d.worker_id]
-        declined = ""  # NOTE: why not a local prefill (auto), in the refusal's reason
+        declined = None  # NOTE: why not a local prefill (auto), in the refusal's reason
         if not colocated and self.disaggregation != "always":
             local = self._local(req, d, step, tpot, value)
-            if isinstance(local, str):
-                declined = f"; local prefill on {d.worker_id}: {local}"
+            if isinstance(local, Declined):
+                declined = local
             else:
                 l_ttft, l_own, l_value, why = local
                 l_admit = l_own >= self.admit_probability and l_value > 0
@@ -357,7 +357,8 @@ class GoodputPolicy(LocalPrefill, Policy):
             self.placements[placement] += 1
         reason = "goodput" if admit else (
             f"no pair meets the targets: best P(slo)={p_own:.3f} (net of others {value:.3f}), TTFT "
-            f"{ttft_s:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {tpot:.3f} s vs {req.tpot_slo_s:.3f} s{declined}")
+            f"{ttft_s:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {tpot:.3f} s vs {req.tpot_slo_s:.3f} s"
+            + ("" if declined is None else f"; local prefill on {d.worker_id}: {declined}"))
         return RouteDecision(admit, p_id, d.worker_id, reason, ttft_s, tpot if out > 1 else None, p_own,
                              placement=placement, step_ratio=ds.step_ratio, ticket=ticket,
                              ttft_ratio=self.states[pool[pi].worker_id].ttft_ratio, tpot_ratio=ds.tpot_ratio)

@@ -7,7 +7,7 @@ term a prompt routed to a colocated worker pays. docs/router.md has the formulas
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from cluster.router.policy import RouteRequest
 from engine.stats import WorkerStats
@@ -17,6 +17,21 @@ if TYPE_CHECKING:
     from placement.latency import LatencyModel
 
 LOCAL_PER_SNAPSHOT = 2  # local prefills per decode worker between two of its stats snapshots (auto)
+
+
+class Declined(NamedTuple):
+    """Why `auto` did not prefill locally; formatted only into a refusal's reason (routing is a hot path)."""
+
+    own: float = 0.0  # P(own targets) with a local prefill
+    value: float = 0.0  # net of what it costs the streams there
+    streams: int = 0
+    ttft: float = 0.0
+    burst: bool = False  # LOCAL_PER_SNAPSHOT local prefills already routed since the worker's last stats
+
+    def __str__(self) -> str:
+        if self.burst:
+            return f"{LOCAL_PER_SNAPSHOT} local prefills routed since its last stats"
+        return f"P(slo)={self.own:.3f} (net of the {self.streams} streams there {self.value:.3f}), TTFT {self.ttft:.3f} s"
 
 
 class LocalPrefill:
@@ -33,7 +48,7 @@ class LocalPrefill:
     p_meet: Callable[[float, float], float]
 
     def _local(self, req: RouteRequest, d: WorkerStats, step: float, tpot: float, remote_value: float
-               ) -> tuple[float, float, float, str] | str:
+               ) -> tuple[float, float, float, str] | Declined:
         """The local-prefill option on decode worker `d`: (TTFT, P(own targets), value net of what it costs the
         streams decoding there, why), or why not when remote prefill is better or local is ruled out (`auto`).
 
@@ -49,7 +64,7 @@ class LocalPrefill:
         streams = st.b0 if st.dstats is d else d.running
         if self.disaggregation == "auto" and sum(e[0] > d.timestamp_s for e in st.led) >= LOCAL_PER_SNAPSHOT:
             # NOTE: a burst within one stats interval does not all land on one decode engine
-            return f"{LOCAL_PER_SNAPSHOT} local prefills routed since its last stats"
+            return Declined(burst=True)
         lin = st.base + t.pa * prompt + t.pb * prompt * prompt
         pre = (lin if lin > t.p_mem else t.p_mem) + st.extra + t.p_lin * prompt
         ttft = (pre + (step if streams else 0.0)) * st.ttft_ratio
@@ -62,7 +77,7 @@ class LocalPrefill:
         # NOTE: ties go local (no transfer, a prefill worker left free for the next long prompt).
         if value >= remote_value - self.tie_probability:
             return ttft, own, value, "idle decode" if not streams else "cheaper"
-        return f"P(slo)={own:.3f} (net of the {streams} streams there {value:.3f}), TTFT {ttft:.3f} s"
+        return Declined(own, value, streams, ttft)
 
     def _stall_harm(self, streams: int, stall_s: float, step: float) -> float:
         """What `streams` decoding at `step` s per token lose in P(TPOT target) when a prefill of `stall_s` joins
