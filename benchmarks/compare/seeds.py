@@ -51,11 +51,8 @@ def load(paths: Sequence[Path]) -> list[Run]:
     return runs
 
 
-def _met(run: Run | None, deployment: str, rate: str) -> int | None:
-    if run is None:
-        return None
-    step = run.outcomes.get(deployment, {}).get(rate)
-    return None if step is None else int(step["met"])
+def _count(run: Run, deployment: str, rate: str, key: str = "met") -> int:
+    return int(run.outcomes[deployment][rate][key])
 
 
 def summarise(runs: Sequence[Run]) -> dict[str, Any]:
@@ -66,12 +63,12 @@ def summarise(runs: Sequence[Run]) -> dict[str, Any]:
     rates = [str(float(x)) for x in runs[0].report["rates"]]  # NOTE: the keys of `outcomes`
     rows = []
     for rate in rates:
-        auto = [_met(by[("auto", s)], "disaggregated", rate) for s in seeds]
-        always = [_met(by[("always", s)], "disaggregated", rate) for s in seeds]
-        colo_a = [_met(by[("auto", s)], "colocated", rate) for s in seeds]
-        colo_b = [_met(by[("always", s)], "colocated", rate) for s in seeds]
-        late = [by[("auto", s)].outcomes["disaggregated"][rate]["late"] for s in seeds]
-        late_always = [by[("always", s)].outcomes["disaggregated"][rate]["late"] for s in seeds]
+        auto = [_count(by[("auto", s)], "disaggregated", rate) for s in seeds]
+        always = [_count(by[("always", s)], "disaggregated", rate) for s in seeds]
+        colo_a = [_count(by[("auto", s)], "colocated", rate) for s in seeds]
+        colo_b = [_count(by[("always", s)], "colocated", rate) for s in seeds]
+        late = [_count(by[("auto", s)], "disaggregated", rate, "late") for s in seeds]
+        late_always = [_count(by[("always", s)], "disaggregated", rate, "late") for s in seeds]
         wins = [s for s, a, b, c in zip(seeds, auto, always, colo_a, strict=True) if a >= max(b, c)]
         rows.append({"rate": float(rate), "seeds": seeds, "auto": auto, "always": always,
                      "colocated_in_auto_runs": colo_a, "colocated_in_always_runs": colo_b,
