@@ -167,7 +167,8 @@ def format_comparison(c: QualityComparison) -> str:
 
 
 def _model_dir(spec: str) -> Path:
-    from engine.models import ModelError, resolve_model
+    from engine.checkpoints import ModelError
+    from engine.models import resolve_model
 
     try:
         return resolve_model(spec)

@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from benchmarks.stats import LatencySummary, RateSummary
+from benchmarks.stats import BenchmarkResult, LatencySummary, RateSummary
 
 if TYPE_CHECKING:
-    from benchmarks.serve import BenchmarkResult
     from benchmarks.workload import Workload
 
 logger = logging.getLogger(__name__)

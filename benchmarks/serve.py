@@ -20,7 +20,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -36,7 +36,7 @@ from benchmarks.client import (
     send_request,
 )
 from benchmarks.report import describe_workload, environment
-from benchmarks.stats import SLO, CostModel, RateSummary, summarize
+from benchmarks.stats import SLO, BenchmarkResult, CostModel, StepResult, summarize
 from benchmarks.workload import (
     WORKLOADS,
     ChatWorkload,
@@ -57,35 +57,6 @@ ProgressFn = Callable[[float | None, int, int, int, float], None]
 
 class BenchmarkError(RuntimeError):
     """The benchmark could not run at all (e.g. the endpoint is down); the message says why."""
-
-
-@dataclass
-class StepResult:
-    rate: float | None
-    summary: RateSummary
-    records: list[RequestRecord]
-
-
-@dataclass
-class BenchmarkResult:
-    """Config, per-rate summaries and raw per-request records of one run."""
-
-    config: dict
-    steps: list[StepResult]
-    started_at: str
-    finished_at: str
-    command: str | None = None
-    environment: dict = field(default_factory=dict)
-
-    def to_dict(self, include_records: bool = True) -> dict:
-        out = {"config": self.config, "started_at": self.started_at, "finished_at": self.finished_at,
-               "command": self.command, "environment": self.environment, "steps": []}
-        for step in self.steps:
-            item = {"rate": step.rate, "summary": step.summary.to_dict()}
-            if include_records:
-                item["records"] = [asdict(r) for r in step.records]
-            out["steps"].append(item)
-        return out
 
 
 @dataclass(frozen=True)

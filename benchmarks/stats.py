@@ -1,4 +1,5 @@
-"""Statistics over per-request timings: percentiles, SLO attainment, goodput, throughput and cost.
+"""Statistics over per-request timings (percentiles, SLO attainment, goodput, throughput and cost) and what a
+benchmark run measured (BenchmarkResult: per-rate summaries and the raw records).
 
 Definitions (also in docs/benchmarks.md):
 - percentile: nearest rank. ``p``-th percentile of ``n`` sorted values is the value at 1-based rank
@@ -203,3 +204,32 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, rate: float |
         served_late=len(ok) - len(met),
         refusal=LatencySummary.of([r.e2e_s for r in records if r.status == 429 and r.e2e_s is not None]),
     )
+
+
+@dataclass
+class StepResult:
+    rate: float | None
+    summary: RateSummary
+    records: list[RequestRecord]
+
+
+@dataclass
+class BenchmarkResult:
+    """Config, per-rate summaries and raw per-request records of one run."""
+
+    config: dict
+    steps: list[StepResult]
+    started_at: str
+    finished_at: str
+    command: str | None = None
+    environment: dict = field(default_factory=dict)
+
+    def to_dict(self, include_records: bool = True) -> dict:
+        out = {"config": self.config, "started_at": self.started_at, "finished_at": self.finished_at,
+               "command": self.command, "environment": self.environment, "steps": []}
+        for step in self.steps:
+            item = {"rate": step.rate, "summary": step.summary.to_dict()}
+            if include_records:
+                item["records"] = [asdict(r) for r in step.records]
+            out["steps"].append(item)
+        return out

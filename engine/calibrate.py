@@ -178,7 +178,7 @@ def _gpu_name() -> str:
 
 
 def cache_path(key: str) -> Any:
-    from engine.models import cache_dir
+    from engine.checkpoints import cache_dir
 
     return cache_dir() / "profiles" / f"{key}.json"
 

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine import models
+from engine import checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -69,32 +69,32 @@ def write_w8a8(src: Path, dst: Path) -> dict[str, int]:
             out[name] = t.contiguous()
             counts["kept"] += 1
     if not counts["quantized"]:
-        raise models.ModelError(f"{src}: no linear layer ({', '.join(LINEAR)}) to quantize")
+        raise checkpoints.ModelError(f"{src}: no linear layer ({', '.join(LINEAR)}) to quantize")
     save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((src / "config.json").read_text())
     config["quantization_config"] = QUANTIZATION_CONFIG
     (dst / "config.json").write_text(json.dumps(config, indent=1))
     for f in src.iterdir():
-        if f.is_file() and f.name not in ("model.safetensors", "config.json", models.MANIFEST):
+        if f.is_file() and f.name not in ("model.safetensors", "config.json", checkpoints.MANIFEST):
             shutil.copy2(f, dst / f.name)
     return counts
 
 
 def prepare_smollm2_w8a8() -> Path:
     """The bundled model's W8A8 copy in the cache; a no-op when already intact."""
-    src = models.prepare_smollm2()
+    src = checkpoints.prepare_smollm2()
     source = {"from": src.name, "quant_version": QUANT_VERSION, "scheme": "w8a8-int8-rtn-channel-token"}
-    dest = models.cache_dir() / "SmolLM2-135M-Instruct-W8A8"
-    if models.intact(dest, source):
+    dest = checkpoints.cache_dir() / "SmolLM2-135M-Instruct-W8A8"
+    if checkpoints.intact(dest, source):
         return dest
-    with models.prepare_lock():
-        if models.intact(dest, source):
+    with checkpoints.prepare_lock():
+        if checkpoints.intact(dest, source):
             return dest
         t0 = time.monotonic()
         tmp = Path(tempfile.mkdtemp(prefix=".w8a8-", dir=dest.parent))
         try:
             counts = write_w8a8(src, tmp)
-            out = models.publish(tmp, dest, source)
+            out = checkpoints.publish(tmp, dest, source)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

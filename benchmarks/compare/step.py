@@ -24,7 +24,8 @@ from benchmarks.compare.server_stats import (
     worker_load,
 )
 from benchmarks.compare.traffic import Step
-from benchmarks.serve import BenchmarkResult, run_benchmark
+from benchmarks.serve import run_benchmark
+from benchmarks.stats import BenchmarkResult
 
 
 class Attempt(NamedTuple):

@@ -18,12 +18,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from placement.replan import Decision, LoopSettings, Replanner, Sizes, TrafficWindow, merge_windows
-
-if TYPE_CHECKING:
-    from cluster.control.pools import PoolController
 
 logger = logging.getLogger(__name__)
 LIVE = ("ready", "starting", "replacing")  # states of a pool's members (draining ones are leaving)
@@ -53,8 +51,26 @@ def request_pool_resources(bundles: list[dict[str, float]]) -> bool:
         return False
 
 
+class Pools(Protocol):
+    """What the loop reads from and does to the pools (cluster/control/pools.py's PoolController, which owns
+    the loop: the loop names the controller only by this, so the arrow points one way)."""
+
+    cfg: Any
+    workers: dict[str, dict[str, Any]]
+    calibrated: tuple[int, Any]  # (version, latest Calibration of this machine, or None)
+
+    def engine_for(self, role: str) -> Any: ...
+
+    def reported(self, role: str, key: str, fallback: Any = None) -> Any: ...
+
+    def shape_for(self, role: str, gpus_per_node: int | None = None) -> Any: ...
+
+    async def scale(self, role: str, target: int, drain_timeout_s: float = 120,
+                    first: Sequence[str] = ()) -> dict[str, Any]: ...
+
+
 class PlannerLoop:
-    def __init__(self, ctl: PoolController) -> None:
+    def __init__(self, ctl: Pools) -> None:
         self.ctl = ctl
         self.cfg = ctl.cfg.planner_loop
         self.colocated = ctl.cfg.mode == "colocated"
@@ -139,7 +155,7 @@ class PlannerLoop:
         """Built on the router's latency model; rebuilt on it when the controller publishes a calibration."""
         from cluster.router.latency import latency_from_config
 
-        version, cal = self.ctl._calibrated
+        version, cal = self.ctl.calibrated
         if self._replanner is not None and version == self._cal_version:
             return self._replanner
         p_lat = latency_from_config(self.ctl.cfg.router, self.ctl.engine_for("prefill").tensor_parallel_size)

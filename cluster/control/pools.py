@@ -62,7 +62,7 @@ class PoolController:
         self._health_task: asyncio.Task | None = None
         self._replacing: dict[str, asyncio.Task] = {}  # worker id -> its replacement, running beside the checks
         self._calibration: asyncio.Task | None = None
-        self._calibrated: tuple[int, Any] = (0, None)  # (version, latest Calibration) as published
+        self.calibrated: tuple[int, Any] = (0, None)  # (version, latest Calibration) as published
         self.planner = PlannerLoop(self) if self.cfg.planner_loop.mode != "off" else None
 
     def engine_for(self, role: str):
@@ -299,7 +299,7 @@ class PoolController:
         from cluster.control.calibration import calibrations
 
         def publish(cal: Any) -> None:
-            self._calibrated = (self._calibrated[0] + 1, cal)
+            self.calibrated = (self.calibrated[0] + 1, cal)
 
         self._calibration = asyncio.get_running_loop().create_task(calibrations(*pair, publish))
 
@@ -307,7 +307,7 @@ class PoolController:
         """(version, the latest Calibration or None, final): the cached model may come first, the fresh
         measurement last; a failed measurement is final with its error text."""
         t = self._calibration
-        version, cal = self._calibrated
+        version, cal = self.calibrated
         if t is None or not t.done():
             return version, cal, False
         if t.cancelled() or t.exception() is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import models
+from engine import checkpoints, models
 
 
 @pytest.fixture()
@@ -60,7 +60,7 @@ def test_tiny_llama_is_deterministic(cache_with_tiny, tmp_path_factory, monkeypa
 def test_smollm2_manifest_matches_what_prepare_expects(cache):
     """The intact-check compares the manifest's source with what prepare_smollm2 expects; a mismatch
     re-converts the model on every call (a bug this test reproduces by checking the source dict)."""
-    src = {"gguf": models.GGUF_NAME, "size": models.GGUF_SIZE, "sha256": models.GGUF_SHA256, "dtype": "float32"}
+    src = {"gguf": checkpoints.GGUF_NAME, "size": checkpoints.GGUF_SIZE, "sha256": checkpoints.GGUF_SHA256, "dtype": "float32"}
     folder = cache / "x"
     folder.mkdir()
     (folder / "a.bin").write_bytes(b"123")
@@ -70,16 +70,16 @@ def test_smollm2_manifest_matches_what_prepare_expects(cache):
 
     tmp = Path(tempfile.mkdtemp(dir=cache))
     shutil.copy(folder / "a.bin", tmp / "a.bin")
-    out = models.publish(tmp, cache / "published", src)
-    assert models.intact(out, src)
-    assert not models.intact(out, dict(src, sha256="0" * 64))
+    out = checkpoints.publish(tmp, cache / "published", src)
+    assert checkpoints.intact(out, src)
+    assert not checkpoints.intact(out, dict(src, sha256="0" * 64))
 
 
 def test_unknown_model_names_the_choices(cache, tmp_path):
-    with pytest.raises(models.ModelError, match="tiny-llama"):
+    with pytest.raises(checkpoints.ModelError, match="tiny-llama"):
         models.resolve_model("no-such-model")
     (tmp_path / "m").mkdir()
-    with pytest.raises(models.ModelError, match="config.json"):
+    with pytest.raises(checkpoints.ModelError, match="config.json"):
         models.resolve_model(str(tmp_path / "m"))
 
 

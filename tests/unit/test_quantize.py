@@ -32,7 +32,7 @@ def test_only_the_decoder_linears_are_quantized():
 def test_write_w8a8_from_a_real_model_directory(tmp_path):
     from safetensors.torch import load_file
 
-    from engine.models import prepare_tiny_llama
+    from engine.checkpoints import prepare_tiny_llama
 
     src = prepare_tiny_llama()
     counts = quantize.write_w8a8(src, tmp_path)
@@ -54,7 +54,7 @@ def test_write_w8a8_from_a_real_model_directory(tmp_path):
 def test_a_directory_without_linears_is_a_clear_error(tmp_path):
     from safetensors.torch import save_file
 
-    from engine.models import ModelError
+    from engine.checkpoints import ModelError
 
     src = tmp_path / "src"
     src.mkdir()
