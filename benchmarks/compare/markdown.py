@@ -90,7 +90,10 @@ def _router_section(report: dict[str, Any]) -> list[str]:
     return ["## The router's predictions", "",
             "Per served request the router predicts TTFT (routing -> first token) and TPOT; predicted / measured "
             f"at p50 and p90 of each step. Within {w['tolerance']:.0%}: TTFT {w['ttft']['within']} of "
-            f"{w['ttft']['of']}, TPOT {w['tpot']['within']} of {w['tpot']['of']} figures.", "",
+            f"{w['ttft']['of']}, TPOT {w['tpot']['within']} of {w['tpot']['of']} figures. Per request, "
+            "ln(measured / predicted): its mean is the bias (> 0: slower than predicted), its sd the spread the "
+            "router's `prediction_sigma` stands for when it turns a prediction into a chance of meeting a target.",
+            "",
             router_table(router["rows"]), ""]
 
 

@@ -76,7 +76,8 @@ def router_rows(resources: Mapping[str, Mapping[float, dict[str, Any]]]) -> list
             for name in ("ttft", "tpot"):
                 p = pred.get(name) or {}
                 row[name] = {k: p.get(k) for k in ("p50_predicted", "p50_measured", "p90_predicted",
-                                                   "p90_measured", "p50_ratio", "p90_ratio")}
+                                                   "p90_measured", "p50_ratio", "p90_ratio", "log_error_mean",
+                                                   "log_error_sd")}
             rows.append(row)
     return sorted(rows, key=lambda r: (r["rate"], r["mode"]))
 

@@ -4,6 +4,7 @@ queue, KV use per worker; KV transfer telemetry) and ``/metrics`` histogram mean
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -146,7 +147,9 @@ def router_counts(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]
 
 def prediction_summary(entries: Sequence[Sequence[float | None]]) -> dict[str, Any]:
     """The router's predictions next to the measurements (routing -> first token; TPOT) at p50 and p90,
-    and the p50/p90 ratio predicted/measured, for the requests of one step."""
+    and the p50/p90 ratio predicted/measured, for the requests of one step; and per request, the error
+    ln(measured / predicted): its mean (bias; > 0: slower than predicted) and standard deviation (spread,
+    what the router's `prediction_sigma` assumes), and every (predicted, measured) pair."""
     out: dict[str, Any] = {"count": len(entries)}
     for name, i in (("ttft", 1), ("tpot", 3)):
         pairs = [(e[i], e[i + 1]) for e in entries if e[i] is not None and e[i + 1] is not None]
@@ -156,8 +159,19 @@ def prediction_summary(entries: Sequence[Sequence[float | None]]) -> dict[str, A
         out[name] = {"p50_predicted": pred.p50, "p50_measured": meas.p50, "p90_predicted": pred.p90,
                      "p90_measured": meas.p90,
                      "p50_ratio": round(pred.p50 / meas.p50, 3) if meas.p50 else None,
-                     "p90_ratio": round(pred.p90 / meas.p90, 3) if meas.p90 else None}
+                     "p90_ratio": round(pred.p90 / meas.p90, 3) if meas.p90 else None,
+                     **log_errors(pairs), "pairs": [[p, m] for p, m in pairs]}
     return out
+
+
+def log_errors(pairs: Sequence[tuple[float, float]]) -> dict[str, float | None]:
+    """Mean and standard deviation of ln(measured / predicted) over the pairs where both are positive."""
+    errs = [math.log(m / p) for p, m in pairs if p > 0 and m > 0]
+    if not errs:
+        return {"log_error_mean": None, "log_error_sd": None}
+    mean = sum(errs) / len(errs)
+    sd = math.sqrt(sum((e - mean) ** 2 for e in errs) / len(errs))
+    return {"log_error_mean": round(mean, 3), "log_error_sd": round(sd, 3)}
 
 
 def parse_metrics(text: str) -> dict[str, float]:

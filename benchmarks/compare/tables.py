@@ -49,14 +49,20 @@ def router_table(rows: Sequence[dict[str, Any]]) -> str:
         for name in ("ttft", "tpot"):
             v = r[name]
             cells += [f"{fmt_ms(v['p50_predicted'])} / {fmt_ms(v['p50_measured'])} ({_ratio(v['p50_ratio'])})",
-                      f"{fmt_ms(v['p90_predicted'])} / {fmt_ms(v['p90_measured'])} ({_ratio(v['p90_ratio'])})"]
+                      f"{fmt_ms(v['p90_predicted'])} / {fmt_ms(v['p90_measured'])} ({_ratio(v['p90_ratio'])})",
+                      f"{_signed(v.get('log_error_mean'))} / {_ratio(v.get('log_error_sd'))}"]
         body.append(cells)
     return md_table(["rate", "mode", "routed", "TTFT p50 ms predicted / measured (ratio)", "TTFT p90",
-                     "TPOT p50", "TPOT p90"], body)
+                     "TTFT ln(measured/predicted) mean / sd", "TPOT p50", "TPOT p90", "TPOT ln error mean / sd"],
+                    body)
 
 
 def _ratio(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
+
+
+def _signed(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.2f}"
 
 
 def latency_table(rows: Sequence[dict[str, Any]]) -> str:

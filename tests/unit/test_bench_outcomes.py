@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 
 import pytest
@@ -71,3 +72,22 @@ def test_router_rows_and_how_many_ratios_lie_within_the_tolerance() -> None:
     assert [(r["rate"], r["mode"]) for r in rows] == [(0.5, "disaggregated"), (1.5, "disaggregated")]
     w = within(rows)
     assert w["ttft"] == {"within": 3, "of": 4} and w["tpot"] == {"within": 3, "of": 4}
+
+
+def test_prediction_summary_reports_the_per_request_log_error_mean_and_spread() -> None:
+    from benchmarks.compare.server_stats import prediction_summary
+
+    # (seq, predicted TTFT, measured TTFT, predicted TPOT, measured TPOT) as GET /v1/stats lists them
+    errs = (0.1, -0.1, 0.3, -0.3)
+    entries = [(i, 0.5, 0.5 * math.exp(e), 0.1, 0.2) for i, e in enumerate(errs)]
+    entries.append((9, 0.5, 0.6, None, None))  # a 1-token request: no TPOT predicted
+    s = prediction_summary(entries)
+    assert s["count"] == 5
+    t = s["ttft"]
+    assert t["log_error_mean"] == pytest.approx(math.log(0.6 / 0.5) / 5, abs=1e-3)
+    assert len(t["pairs"]) == 5
+    p = s["tpot"]  # every request twice as slow as predicted: bias ln 2, no spread
+    assert p["log_error_mean"] == pytest.approx(math.log(2), abs=1e-3) and p["log_error_sd"] == 0
+    four = prediction_summary(entries[:4])["ttft"]
+    assert four["log_error_mean"] == pytest.approx(0, abs=1e-3)
+    assert four["log_error_sd"] == pytest.approx(math.sqrt(0.05), abs=1e-3)
