@@ -4,13 +4,15 @@ the pair most likely to meet both targets, or refuse (admit=False) when none is 
 From placement's LatencyModel and each worker's WorkerStats (docs/router.md has the details):
 
     TTFT(p, d) = r_p * (prefill(tokens queued on p + prompt, a fixed cost per batch) - half the running
-                 batch) + kv_transfer(prompt, same node?)
+                 batch) [+ kv_transfer(prompt, same node?) when the decode engine samples token 1]
     step(d)    = r_d * decode_step(B + 1, C + prompt + max_tokens / 2) / (1 - share_d)
                  (B, C: batch and context on d, B at least the batch the decode work routed there over the last
                  10 s settles at, tau x step by Little's law; share_d, colocated only: the share of d's time the prompts
                  routed there took over the last 10 s; a decode worker's local prefills are in the step times
                  its step correction r_d learns from)
-    TPOT(d)    = step(d) + KV wait / (max_tokens - 1)       (a wait only when d's free KV cannot hold us)
+    TPOT(d)    = step(d) + (KV wait + kv_transfer) / (max_tokens - 1)
+                 (a KV wait only when d's free KV cannot hold us; the transfer delays the second token when
+                 the prefill's first token is the client's)
     P(meet)    = Phi(ln(target / predicted) / sigma)         (log-normal prediction error)
     value      = P(TTFT) x P(TPOT) - harm    (harm: the chances of meeting their targets that our
                  queued requests on p, or the batch on d, would lose because of us)
@@ -236,6 +238,10 @@ class GoodputPolicy(LocalPrefill, Policy):
             hit = 0  # NOTE: that engine keeps no prefix cache (or has left): affinity without a predicted hit
         x_cross = 0.0 if colocated else self.latency.kv_transfer_time_s(prompt, False)
         x_same = 0.0 if colocated else self.latency.kv_transfer_time_s(prompt, True)
+        # NOTE: the transfer delays the first token only where the decode engine samples it; else the second
+        # (the prefill's first token streams at once), so it counts in TPOT: a share of it per output token
+        in_ttft = 0.0 if req.first_from_prefill or out <= 1 else 1.0
+        tp_share = 1.0 / (out - 1) if not in_ttft and out > 1 else 0.0
         costs, nh, held, aff_i, by_node = self._prefill_scan(prompt, pool, now, aff, x_same != x_cross, hit)
         t = self.latency.terms
         own, own_hit = sum(_own(t, prompt, 0)), sum(_own(t, prompt, hit))  # what we add to the batch we join
@@ -255,12 +261,12 @@ class GoodputPolicy(LocalPrefill, Policy):
                 harms[i] = h
             return h
 
-        best_p, best_v = nh, (p_meet(slo, costs[nh] + x_cross) if nh >= 0 else -_INF)
+        best_p, best_v = nh, (p_meet(slo, costs[nh] + x_cross * in_ttft) if nh >= 0 else -_INF)
         if nh >= 0:  # NOTE: value <= P(own TTFT), which falls with the cost: only faster ones can win
             held = [i for i in held if costs[i] < costs[nh]]
         held.sort(key=costs.__getitem__)
         for i in held:
-            pt = p_meet(slo, costs[i] + x_cross)
+            pt = p_meet(slo, costs[i] + x_cross * in_ttft)
             if pt < best_v:
                 break
             if pt - harm(i) > best_v or (pt - harm(i) == best_v and costs[i] < costs[best_p]):
@@ -298,12 +304,16 @@ class GoodputPolicy(LocalPrefill, Policy):
             else:
                 pi, x, h = best_p, x_cross, harm(best_p)
                 pt = best_v + h
+                ptp_x = p_meet(req.tpot_slo_s, tpot + x_cross * tp_share) if tp_share else ptp
                 nb = by_node.get(d.node_id, -1) if by_node and d.node_id else -1
-                # NOTE: a same-node prefill can only win if it is faster with its transfer, or best_p harms
+                # NOTE: a same-node prefill (best_p itself, if it is on d's node) can only win if it is faster
+                # with its transfer, or best_p harms; ties go to it
                 if nb >= 0 and (costs[nb] + x_same < costs[best_p] + x_cross or h > 0):
-                    pt_n = p_meet(slo, costs[nb] + x_same)
-                    if pt_n > best_v and pt_n - harm(nb) >= best_v:
-                        pi, x, pt, h = nb, x_same, pt_n, harm(nb)
+                    pt_n, h_n = p_meet(slo, costs[nb] + x_same * in_ttft), harm(nb)
+                    ptp_n = p_meet(req.tpot_slo_s, tpot + x_same * tp_share) if tp_share else ptp
+                    if pt_n * ptp_n - h_n >= pt * ptp_x - h:
+                        pi, x, pt, h, ptp_x = nb, x_same, pt_n, h_n, ptp_n
+                tpot, ptp = tpot + x * tp_share, ptp_x
             p_own = pt * ptp
             value = p_own - h
             st = self.states[d.worker_id]
@@ -317,14 +327,15 @@ class GoodputPolicy(LocalPrefill, Policy):
         d = decode[j]
         if aff_i >= 0 and aff_i != pi:
             xa = x_same if d.node_id and prefill[aff_i].node_id == d.node_id else x_cross
-            pt, pt_a = p_meet(slo, costs[pi] + x), p_meet(slo, costs[aff_i] + xa)
+            pt, pt_a = p_meet(slo, costs[pi] + x * in_ttft), p_meet(slo, costs[aff_i] + xa * in_ttft)
             if pt > 0 and pt_a - harm(aff_i) >= pt - harm(pi) - self.tie_probability:
                 p_own, value = p_own / pt * pt_a, value + (pt_a - harm(aff_i)) - (pt - harm(pi))
-                pi, x = aff_i, xa
-        ttft_s, ds = costs[pi] + x, self.states[d.worker_id]
+                pi, x, tpot = aff_i, xa, tpot + (xa - x) * tp_share
+        ttft_s, ds = costs[pi] + x * in_ttft, self.states[d.worker_id]
         declined = None  # NOTE: why not a local prefill (auto), in the refusal's reason
         if not colocated and self.disaggregation != "always":
-            local = self._local(req, d, step, tpot, value)
+            l_tpot = tpot - x * tp_share  # NOTE: no transfer there
+            local = self._local(req, d, step, l_tpot, value)
             if isinstance(local, Declined):
                 declined = local
             else:
@@ -336,8 +347,8 @@ class GoodputPolicy(LocalPrefill, Policy):
                     self.placements[f"local:{why}"] += 1
                 reason = f"goodput: local prefill ({why})" if l_admit else (
                     f"no worker meets the targets with a local prefill: P(slo)={l_own:.3f} (net of others "
-                    f"{l_value:.3f}), TTFT {l_ttft:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {tpot:.3f} s")
-                return RouteDecision(l_admit, None, d.worker_id, reason, l_ttft, tpot if out > 1 else None, l_own,
+                    f"{l_value:.3f}), TTFT {l_ttft:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {l_tpot:.3f} s")
+                return RouteDecision(l_admit, None, d.worker_id, reason, l_ttft, l_tpot if out > 1 else None, l_own,
                                      local=True, placement=f"local:{why}", step_ratio=ds.step_ratio,
                                      ttft_ratio=ds.ttft_ratio, tpot_ratio=ds.tpot_ratio)
         admit = p_own >= self.admit_probability and value > 0
@@ -348,8 +359,8 @@ class GoodputPolicy(LocalPrefill, Policy):
             maxb = pool[pi].step_tokens or self.max_prefill_tokens
             # NOTE: behind a queue (another ingress's too) our step starts once its own compute is all that is left
             wait = costs[pi] - (own_hit if n_hit else own) * ps.ttft_ratio if ps.q or ps.run else 0.0
-            ticket = self._revise(pool[pi].worker_id, maxb, now, costs[pi], x, prompt - n_hit, wait)
-            self._record(req, ps, ds, p_id, now, ttft_s, x, n_hit)
+            ticket = self._revise(pool[pi].worker_id, maxb, now, costs[pi], x * in_ttft, prompt - n_hit, wait)
+            self._record(req, ps, ds, p_id, now, costs[pi], x, x * in_ttft, n_hit)
         if admit and pi == aff_i and hit:
             self.prefix_hit_tokens += hit
         placement = "" if colocated else "remote:" + ("always" if self.disaggregation == "always" else "cheaper")
@@ -408,8 +419,10 @@ class GoodputPolicy(LocalPrefill, Policy):
         return (self._affinity.get(req.prefix_hash) if req.prefix_hash else None), 0
 
     def _record(self, req: RouteRequest, ps: WorkerState, ds: WorkerState, p_id: str | None, now: float,
-                ttft: float, transfer: float, hit: int = 0) -> None:
-        ps.add_prefill(self.latency.terms, now, req.prompt_tokens - hit, now + req.ttft_slo_s - transfer)
+                prefill_s: float, transfer: float, transfer_in_ttft: float, hit: int = 0) -> None:
+        """Book an admitted route: its prefill (done `prefill_s` from now) on `ps`, its KV (`transfer` s later)
+        and decoding on `ds`; `transfer_in_ttft`: the part of the transfer its first token waits for."""
+        ps.add_prefill(self.latency.terms, now, req.prompt_tokens - hit, now + req.ttft_slo_s - transfer_in_ttft)
         self._avg_out += 0.05 * (req.max_tokens - self._avg_out)
         ds.add_decode_load(now, req.max_tokens)
         if p_id is None:  # NOTE: colocated: the prompt runs beside the worker's own streams
@@ -417,7 +430,7 @@ class GoodputPolicy(LocalPrefill, Policy):
             return
         if req.max_tokens > 1:
             need, ctx = req.prompt_tokens + req.max_tokens, req.prompt_tokens + req.max_tokens // 2
-            ds.add_decode(self.decode_latency.terms, now + ttft, need, ctx, self._avg_out)
+            ds.add_decode(self.decode_latency.terms, now + prefill_s + transfer, need, ctx, self._avg_out)
         keys = [h for _, h in req.prefixes] or ([req.prefix_hash] if req.prefix_hash else [])
         for h in keys:
             self._affinity[h] = p_id

@@ -26,6 +26,10 @@ class RouteRequest(NamedTuple):
     # length (`prefix_ladder`): a worker that prefilled a prompt sharing a rung holds at least that many
     # tokens in its prefix cache, so the goodput router predicts its prefill without them
     prefixes: tuple[tuple[int, int], ...] = ()
+    # NOTE: the prefill engine's first token is the client's (cluster/serve/leg.py first_token_carries): the
+    # KV transfer then delays the second token, not the first. False: the decode engine samples token 1 after
+    # the transfer (structured output, penalties, a seed, stop strings), so TTFT waits for it.
+    first_from_prefill: bool = True
 
 
 def prefix_ladder(ids: Sequence[int]) -> tuple[tuple[int, int], ...]:

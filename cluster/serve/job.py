@@ -14,7 +14,7 @@ from vllm.sampling_params import RequestOutputKind, SamplingParams
 
 from cluster.errors import ServeError
 from cluster.router.policy import PREFIX_MIN, RouteRequest, prefix_ladder
-from cluster.serve.leg import Leg, Services
+from cluster.serve.leg import Leg, Services, first_token_carries
 
 _DONE = object()
 
@@ -46,7 +46,8 @@ class Job:
         deadline = self.t0 + svc.cfg.serve.request_timeout_s
         ladder = prefix_ladder(ids)  # NOTE: its first rung is the hash of the first PREFIX_MIN tokens
         route = RouteRequest(len(ids), params.max_tokens or 1, ttft_slo_s, tpot_slo_s,
-                             ladder[0][1] if ladder else hash(tuple(ids[:PREFIX_MIN])), ladder)
+                             ladder[0][1] if ladder else hash(tuple(ids[:PREFIX_MIN])), ladder,
+                             first_token_carries(params))
         n = params.n or 1
         self.legs = [Leg(svc, request_id if n == 1 else f"{request_id}-c{i}", ids, leg_params(params, i), route,
                          deadline) for i in range(n)]
