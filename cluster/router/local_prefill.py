@@ -53,7 +53,8 @@ class LocalPrefill:
         streams decoding there, why), or why not when remote prefill is better or local is ruled out (`auto`).
 
         A prefill on a decode engine joins one of its steps: that step lasts the prefill longer for every
-        stream running there (`_stall_harm`). The KV transfer and the prefill pool's queue are saved."""
+        stream running there, spread over their remaining tokens (~half the average output). The KV transfer
+        and the prefill pool's queue are saved."""
         prompt, out, t = req.prompt_tokens, req.max_tokens, self.decode_latency.terms
         st = self.states[d.worker_id]
         if st.pstats is not d:  # NOTE: the prefill queue there, our own local routes since its stats included
@@ -80,14 +81,11 @@ class LocalPrefill:
 
     def _stall_harm(self, streams: int, stall_s: float, step: float) -> float:
         """What `streams` decoding at `step` s per token lose in P(TPOT target) when a prefill of `stall_s` joins
-        one of their steps: that step lasts it longer, and a stream's TPOT, (end - first token) / (its output
-        - 1), grows by the stall over its whole output (~the average output), wherever in it the stall falls.
-
-        NOTE: until 2026-12-05 the stall was spread over ~half the average output (the tokens a stream has
-        left), which counted each stall twice over for the TPOT a request is judged by."""
+        one of their steps: that step lasts it longer, spread over their remaining tokens (~half the average
+        output)."""
         if not streams:
             return 0.0
-        stretch = stall_s / max(1.0, self._avg_out - 1)
+        stretch = stall_s / max(1.0, self._avg_out / 2)
         return streams * (self.p_meet(self.default_tpot_s, step) - self.p_meet(self.default_tpot_s, step + stretch))
 
     def _record_local(self, req: RouteRequest, ds: WorkerState, now: float, ttft: float) -> None:
