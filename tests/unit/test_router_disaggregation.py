@@ -169,3 +169,24 @@ def test_a_refusal_says_why_no_local_prefill_was_taken() -> None:
     assert "local prefill on d0: 2 local prefills routed since its last stats" in got[2].reason, got[2].reason
     worse = policy("auto")(RouteRequest(300, 32, 2.0, 0.15), prefill(queued=6000), decode(running=40))
     assert not worse.admit and "local prefill on d0: P(slo)=" in worse.reason, worse.reason
+
+
+def test_a_stall_costs_the_streams_at_least_what_it_adds_to_the_tpot_they_are_judged_by() -> None:
+    """A prefill joining a step delays each stream there by its length once; the TPOT a request is judged by
+    (benchmarks.stats.tpot: (end - first token) / (output - 1)) grows by stall / (output - 1). The policy's
+    harm is never less than the chance of meeting the target that this loses (it keeps a margin for the
+    stalls of other prompts during the streams' life, local_prefill.py says why), and grows with the streams."""
+    from benchmarks.client import RequestRecord
+    from benchmarks.stats import tpot
+
+    p = policy("auto")
+    out, step, stall = 32, 0.135, 0.45
+    p._avg_out = float(out)
+    rec = RequestRecord(0, 256, out, 0.0, status=200, ttft_s=0.5, e2e_s=0.5 + (out - 1) * step + stall,
+                        completion_tokens=out)
+    lost = p.p_meet(0.15, step) - p.p_meet(0.15, tpot(rec))
+    assert lost > 0.05  # NOTE: near the target a stall costs a stream a real chance
+    one = p._stall_harm(1, stall, step)
+    assert lost <= one <= 3 * lost
+    assert p._stall_harm(7, stall, step) == pytest.approx(7 * one, rel=1e-6)
+    assert p._stall_harm(0, stall, step) == 0.0
