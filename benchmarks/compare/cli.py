@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--quiet-wait", type=float, default=120.0,
       help="seconds in all the run may wait, before steps, for other processes to drop under --foreign-limit")
     a("--retries", type=int, default=2, help="disturbed steps the run may repeat in all (the cleanest attempt is kept)")
-    a("--probe-requests", type=int, default=3, help="sequential requests on the idle deployment before the sweep")
+    a("--probe-requests", type=int, default=5, help="sequential requests on the idle deployment before the sweep")
     a("--policy", default="least_loaded", choices=("least_loaded", "round_robin", "goodput"), help="router policy")
     a("--disaggregation", default="always", choices=("auto", "always", "never"),
       help="router.disaggregation of the disaggregated shape: always = every prompt on a prefill worker; auto = "

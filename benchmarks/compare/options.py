@@ -29,7 +29,7 @@ class RunOptions:
     """Cores other processes may use during a step before it counts as disturbed (and is repeated)."""
     reset_affinity: bool = True
     """Re-allow every engine thread on every CPU after deploy (see benchmarks/compare/affinity.py)."""
-    probe_requests: int = 3
+    probe_requests: int = 5
     """Sequential requests on the idle deployment before the steps (0: none)."""
     probe_input_len: int = 512
     """Prompt tokens of each probe request (the CLI: the workload's median input)."""
