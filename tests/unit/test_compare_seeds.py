@@ -45,3 +45,22 @@ def test_runs_of_different_workloads_are_refused(tmp_path: Path) -> None:
         seeds.load(dirs)
     with pytest.raises(SystemExit, match="not found"):
         seeds.load([tmp_path / "nothing"])
+
+
+def test_lone_request_ttft_is_judged_on_the_idle_probes_of_every_seed_pooled(tmp_path: Path, capsys) -> None:
+    def probes(colo: list[float], dis: list[float]) -> dict:
+        return {"modes": {"colocated": {"idle_probe": {"ttft_s": colo}},
+                          "disaggregated": {"idle_probe": {"ttft_s": dis}}}}
+
+    # NOTE: seed 1's probe alone is 20% slow (one slow moment); pooled, the shapes are 2% apart
+    dirs = [_run(tmp_path, "auto", 0, {"0.5": 30, "3.0": 20}, {"0.5": 30, "3.0": 21},
+                 **probes([0.40, 0.41, 0.42], [0.40, 0.41, 0.42])),
+            _run(tmp_path, "auto", 1, {"0.5": 30, "3.0": 20}, {"0.5": 30, "3.0": 21},
+                 **probes([0.40, 0.40, 0.41], [0.48, 0.49, 0.41])),
+            _run(tmp_path, "always", 0, {"0.5": 29, "3.0": 15}, {"0.5": 30, "3.0": 22})]  # an old run: no probe
+    lone = seeds.summarise(seeds.load(dirs))["lone"]
+    assert lone == [{"mode": "auto", "requests": [6, 6], "colocated_ttft_p50_s": 0.405,
+                     "disaggregated_ttft_p50_s": 0.415, "ratio": 1.025}]
+    assert seeds.main([str(d) for d in dirs]) == 0
+    assert "`auto` runs: TTFT p50 disaggregated 0.415 s (6 requests) vs colocated 0.405 s (6): 1.025x" in \
+        capsys.readouterr().out
