@@ -241,7 +241,6 @@ class GoodputPolicy(LocalPrefill, Policy):
         # NOTE: the transfer delays the first token only where the decode engine samples it; else the second
         # (the prefill's first token streams at once), so it counts in TPOT: a share of it per output token
         in_ttft = 0.0 if req.first_from_prefill or out <= 1 else 1.0
-        tp_share = 1.0 / (out - 1) if not in_ttft and out > 1 else 0.0
         costs, nh, held, aff_i, by_node = self._prefill_scan(prompt, pool, now, aff, x_same != x_cross, hit)
         t = self.latency.terms
         own, own_hit = sum(_own(t, prompt, 0)), sum(_own(t, prompt, hit))  # what we add to the batch we join
@@ -274,6 +273,7 @@ class GoodputPolicy(LocalPrefill, Policy):
         # Decode: the lowest TPOT per node (per worker when colocated or guarding the batch there).
         lat, get, cut, model = self.decode_latency, self.states.get, now - self.stale_s, self.decode_model
         need, ctx_new, avg, inv_om1 = prompt + out, prompt + out // 2, self._avg_out, 1.0 / max(out - 1, 1)
+        tp_share = inv_om1 if not in_ttft and out > 1 else 0.0  # NOTE: the transfer's share of each token
         guard = self.default_tpot_s < req.tpot_slo_s and out > 1  # the batch there has a tighter target
         groups: dict[object, tuple[float, int, float]] = {}
         per_worker = colocated or guard
