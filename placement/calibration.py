@@ -19,7 +19,8 @@ from placement.errors import UnknownNameError
 logger = logging.getLogger(__name__)
 
 FITTED_FIELDS = ("compute_efficiency", "memory_efficiency", "layer_overhead_us", "step_overhead_ms",
-                 "allreduce_latency_us", "tp_efficiency", "ttft_overhead_ms", "ttft_overhead_us_per_token")
+                 "allreduce_latency_us", "tp_efficiency", "ttft_overhead_ms", "ttft_overhead_us_per_token",
+                 "ttft_overhead_us_per_stream")
 
 
 class Scheduler(NamedTuple):

@@ -145,6 +145,10 @@ class LatencySpec(_Strict):
     ttft_overhead_us_per_token: float = Field(0.0, ge=0, description="serving front-end time per prompt "
                                               "token (tokenising, moving the prompt into the engine): added "
                                               "to TTFT with ttft_overhead_ms, occupies no GPU")
+    ttft_overhead_us_per_stream: float = Field(0.0, ge=0, description="serving front-end time per request "
+                                               "already in flight when one arrives (the front end streams "
+                                               "every open request's tokens in one process): added to TTFT, "
+                                               "occupies no GPU")
     pp_hop_latency_ms: float = Field(0.5, ge=0, description="fixed cost per pipeline stage boundary per "
                                                             "step (send/recv, synchronisation)")
     calibration: str | None = Field(None, description="serving engine whose fitted efficiencies to use "

@@ -92,7 +92,7 @@ class LatencyModel:
                  same_node_bps: float, cross_node_bps: float, transfer_latency_s: float = 5e-4,
                  label: str = "", shared_weights: bool = False, request_overhead_s: float = 0.0,
                  stages: PipelineSplit | None = None, tokens_per_step: float = 1.0,
-                 request_overhead_s_per_token: float = 0.0) -> None:
+                 request_overhead_s_per_token: float = 0.0, request_overhead_s_per_stream: float = 0.0) -> None:
         self.terms = terms
         # NOTE: output tokens per sequence per engine step (1; E under speculative decoding): the decode
         # terms are per output token, so an engine step lasts decode_step_time_s x tokens_per_step.
@@ -110,11 +110,18 @@ class LatencyModel:
         # NOTE: the front-end's share that grows with the prompt (tokenising it, moving it over HTTP and
         # into the engine process): also outside the GPU
         self.request_overhead_s_per_token = request_overhead_s_per_token
+        # NOTE: and the share that grows with the requests it already serves: one front-end process
+        # detokenises and streams every open request's tokens, and a new request's tokenising and hand-off
+        # to the engine wait behind that work (measured vLLM TTFT grows with concurrency even where the
+        # GPU queue stays short)
+        self.request_overhead_s_per_stream = request_overhead_s_per_stream
         self.stages = stages or PipelineSplit.even(pp)
 
-    def request_overhead(self, prompt_tokens: int) -> float:
-        """Front-end time of one request outside the engine (s): a fixed part plus one per prompt token."""
-        return self.request_overhead_s + self.request_overhead_s_per_token * prompt_tokens
+    def request_overhead(self, prompt_tokens: int, in_flight: int = 0) -> float:
+        """Front-end time of one request outside the engine (s): a fixed part, one per prompt token and one
+        per request already in flight."""
+        return (self.request_overhead_s + self.request_overhead_s_per_token * prompt_tokens
+                + self.request_overhead_s_per_stream * in_flight)
 
     @property
     def gpus(self) -> int:
@@ -259,7 +266,8 @@ class LatencyModel:
         return cls(terms, tp=tp, pp=pp, kv_bytes_per_token=kvb, kv_capacity_tokens=capacity,
                    same_node_bps=nvlink, cross_node_bps=nic, label=f"{label} tp{tp} pp{pp}",
                    shared_weights=roofline, request_overhead_s=spec.ttft_overhead_ms / 1000.0, stages=split,
-                   request_overhead_s_per_token=spec.ttft_overhead_us_per_token * 1e-6)
+                   request_overhead_s_per_token=spec.ttft_overhead_us_per_token * 1e-6,
+                   request_overhead_s_per_stream=spec.ttft_overhead_us_per_stream * 1e-6)
 
     @classmethod
     def from_coefficients(cls, coeffs: Coefficients, *, kv_bytes_per_token: int, kv_capacity_tokens: int,
@@ -313,7 +321,8 @@ class LatencyModel:
         d = {f: getattr(t, f) * decode_k for f in ("d_mem_c", "d_mem_a", "d_comp_b", "d_comp_a", "d_fixed", "d_lin")}
         return self._derived(Terms(**p, **d), f"{self.label} x{prefill_k:.3g}/{decode_k:.3g}",
                              request_overhead_s=self.request_overhead_s * prefill_k,
-                             request_overhead_s_per_token=self.request_overhead_s_per_token * prefill_k)
+                             request_overhead_s_per_token=self.request_overhead_s_per_token * prefill_k,
+                             request_overhead_s_per_stream=self.request_overhead_s_per_stream * prefill_k)
 
     def _derived(self, terms: Terms, label: str, **changed: object) -> LatencyModel:
         """This instance with other terms and label (KV size, capacity, links, front-end, pipeline and tokens
@@ -322,7 +331,8 @@ class LatencyModel:
             tp=self.tp, pp=self.pp, kv_bytes_per_token=self._kvb, kv_capacity_tokens=self._kv_cap,
             same_node_bps=self._same_bps, cross_node_bps=self._cross_bps, transfer_latency_s=self.transfer_latency_s,
             shared_weights=self.shared_weights, request_overhead_s=self.request_overhead_s, stages=self.stages,
-            tokens_per_step=self.tokens_per_step, request_overhead_s_per_token=self.request_overhead_s_per_token)
+            tokens_per_step=self.tokens_per_step, request_overhead_s_per_token=self.request_overhead_s_per_token,
+            request_overhead_s_per_stream=self.request_overhead_s_per_stream)
         kw.update(changed)
         return LatencyModel(terms, label=label, **kw)  # type: ignore[arg-type]
 

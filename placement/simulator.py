@@ -12,7 +12,8 @@ token) / (output_len - 1), so decode queueing counts against TPOT; requests with
 finish at the first token. Open loop: requests arrive at their `arrival_s`. Closed loop (`clients=C`):
 client i sends its first request at i * ramp_s / C (ramp_s = 0: all at once, a burst; or ramp_s[i]) and each
 completion or rejection sends that client's next one. A request reaches the engine
-`request_overhead(input_len)` (the serving front-end's share of TTFT) after it is sent. Modes "prefill" and
+`request_overhead(input_len, in_flight)` (the serving front-end's share of TTFT; it grows with the prompt
+and with the requests in flight when it is sent) after it is sent. Modes "prefill" and
 "decode" simulate one pool alone (used by the search).
 
 Decode lanes that have their instance to themselves run steps back to back up to the next finish or
@@ -26,7 +27,7 @@ import heapq
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import cast
 
 from placement.dispatch import DispatchPolicy, InstanceView, RoundRobinDispatch
@@ -37,29 +38,32 @@ from placement.workload import Request
 
 logger = logging.getLogger(__name__)
 
-_ARRIVE, _P_DONE, _P_FREE, _XFER_DONE, _D_STEP, _C_DONE, _L_DONE = range(7)
+_ARRIVE, _P_DONE, _P_FREE, _XFER_DONE, _D_STEP, _C_DONE, _L_DONE, _SEND = range(8)
 SameNode = Callable[[int, int], bool]
 
 
 class _Sim:
     def __init__(self, requests: Sequence[Request], clients: int | None, ramp_s: float | Sequence[float] = 0.0,
-                 entry_delay: Callable[[int], float] | None = None) -> None:
+                 entry_delay: Callable[[int, int], float] | None = None) -> None:
         self.reqs = [ReqState(r.arrival_s, r.input_len, r.output_len) for r in requests]
         self.events: list[tuple[float, int, int, int, object]] = []
         self.seq = 0
         self.next_closed = 0
         self.clients = clients
-        self.delay = entry_delay or (lambda _tokens: 0.0)  # NOTE: a prompt's front-end time (LatencyModel.request_overhead)
+        # NOTE: a prompt's front-end time (LatencyModel.request_overhead) from its length and the requests in
+        # flight when it is sent; so a send is an event of its own (_SEND), which becomes the arrival at the
+        # engine after that delay (events() handles it)
+        self.delay = entry_delay or (lambda _tokens, _in_flight: 0.0)
+        self.in_flight = 0
         if clients is None:
             for rid, r in enumerate(self.reqs):
-                self.push(r.arrival + self.delay(r.input_len), _ARRIVE, rid, None)
+                self.push(r.arrival, _SEND, rid, None)
         else:
             first = min(clients, len(self.reqs))
             starts = [i * ramp_s / clients for i in range(first)] if isinstance(ramp_s, float | int) else list(ramp_s)
             for rid in range(first):
-                t = starts[rid]
-                self.reqs[rid].arrival = t
-                self.push(t + self.delay(self.reqs[rid].input_len), _ARRIVE, rid, None)
+                self.reqs[rid].arrival = starts[rid]
+                self.push(starts[rid], _SEND, rid, None)
             self.next_closed = first
 
     def push(self, t: float, kind: int, a: int, b: object) -> None:
@@ -69,13 +73,24 @@ class _Sim:
     def next_time(self) -> float:
         return self.events[0][0] if self.events else math.inf
 
+    def events_in_order(self) -> Iterator[tuple[float, int, int, object]]:
+        """(time, kind, a, b) of every event but the sends, in time order, while there are any."""
+        while self.events:
+            now, _, kind, a, b = heapq.heappop(self.events)
+            if kind == _SEND:
+                self.push(now + self.delay(self.reqs[a].input_len, self.in_flight), _ARRIVE, a, None)
+                self.in_flight += 1
+                continue
+            yield now, kind, a, b
+
     def completed(self, now: float) -> None:
-        """Closed loop: a finished or rejected request frees its client."""
+        """A request finished or was rejected; in a closed loop that frees its client for the next one."""
+        self.in_flight -= 1
         if self.clients is not None and self.next_closed < len(self.reqs):
             rid = self.next_closed
             self.next_closed += 1
             self.reqs[rid].arrival = now
-            self.push(now + self.delay(self.reqs[rid].input_len), _ARRIVE, rid, None)
+            self.push(now, _SEND, rid, None)
 
 
 def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, n_prefill: int, n_decode: int,
@@ -178,8 +193,7 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
         local[r.decode_idx].append(rid)
         kick_lane(lanes[r.decode_idx][0], (r.decode_idx, 0), now)
 
-    while sim.events:
-        now, _, kind, a, b = heapq.heappop(sim.events)
+    for now, kind, a, b in sim.events_in_order():
         if kind == _ARRIVE:
             r = reqs[a]
             if mode == "decode":
@@ -320,8 +334,7 @@ def simulate_colocated(lat: LatencyModel, n_instances: int, requests: Sequence[R
             end, k = lane.run_until(now, sim.next_time())
             sim.push(end, _D_STEP, i, k)
 
-    while sim.events:
-        now, _, kind, a, b = heapq.heappop(sim.events)
+    for now, kind, a, b in sim.events_in_order():
         if kind == _ARRIVE:
             r = reqs[a]
             i = rr % n_instances

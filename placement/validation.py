@@ -188,11 +188,12 @@ class ErrorRow(NamedTuple):
 
 
 def error_table(preds: Iterable[Prediction], key: str = "model") -> list[ErrorRow]:
-    """MAPE of TTFT and TPOT per (engine, model) or per (engine, hardware/precision) group."""
+    """MAPE of TTFT and TPOT per (engine, model), per (engine, hardware/precision) or per engine (`key`
+    "model", "hardware" or "engine": every model pooled) group."""
     groups: dict[tuple[str, str], list[Prediction]] = {}
     for pr in preds:
         p = pr.point
-        label = MODEL_LABELS[p.model] if key == "model" else f"{p.hardware} {p.weight_dtype}"
+        label = {"model": MODEL_LABELS[p.model], "engine": "every model"}.get(key, f"{p.hardware} {p.weight_dtype}")
         if p.mode == "disaggregated":
             label += " (disagg)"
         groups.setdefault((p.backend, label), []).append(pr)

@@ -138,6 +138,25 @@ def test_front_end_time_per_prompt_token_is_added_to_ttft_outside_the_engine() -
             assert rb.tpot_s == pytest.approx(ra.tpot_s)
 
 
+def test_front_end_time_per_stream_in_flight_is_added_to_ttft() -> None:
+    """`request_overhead_s_per_stream` delays a request's entry by the requests in flight when it is sent:
+    with a prefill pool of its own (no shared steps) the k-th of three overlapping requests gets exactly
+    k times it on its TTFT, and the decode steps stay as they were; a lone client never pays it."""
+    base = lat()
+    slow = LatencyModel.from_coefficients(COEF, kv_bytes_per_token=819_200, kv_capacity_tokens=60_000)
+    slow.request_overhead_s_per_stream = 0.004
+    reqs = [Request(0.0, 200, 2000), Request(1.0, 200, 2000), Request(2.0, 200, 8)]
+    a = simulate_disaggregated(base, base, 1, 1, reqs).records
+    b = simulate_disaggregated(slow, slow, 1, 1, reqs).records
+    assert a[0].finish_s > 2.1 and a[1].finish_s > 2.1  # both still decoding when the third is sent
+    assert [round(y.ttft_s - x.ttft_s, 9) for x, y in zip(a, b, strict=True)] == [0.0, 0.004, 0.008]
+    assert b[0].tpot_s == pytest.approx(a[0].tpot_s, rel=0.01)
+    # one client: nobody else is ever in flight (finished requests leave the count), so nothing changes
+    one = [Request(0.0, 200, 8) for _ in range(40)]
+    for sim in (lambda m: simulate_colocated(m, 1, one, clients=1), lambda m: simulate_disaggregated(m, m, 1, 1, one, clients=1)):
+        assert [r.ttft_s for r in sim(slow).records] == pytest.approx([r.ttft_s for r in sim(base).records])
+
+
 def test_local_prefill_runs_short_prompts_on_the_decode_instance() -> None:
     """local_prefill_tokens: a short prompt skips the prefill pool and the KV transfer and is prefilled in a
     step of its decode instance (TTFT = that step alone when idle); the streams decoding there pay for it

@@ -72,14 +72,20 @@ def test_error_table_mape() -> None:
     (row,) = rows
     assert row.points == 3 and row.failed == 1
     assert row.ttft_mape == pytest.approx(15.0) and row.tpot_mape == pytest.approx(5.0)
+    big = p._replace(id="w", model="llama-3.1-70b")
+    preds = [Prediction(p, 120.0, 9.0), Prediction(big, 150.0, 10.0)]
+    assert [r.label for r in error_table(preds)] == ["Llama-3.1-70B", "Llama-3.1-8B"]
+    (pooled,) = error_table(preds, key="engine")
+    assert pooled.points == 2 and pooled.ttft_mape == pytest.approx(35.0) and pooled.tpot_mape == pytest.approx(5.0)
 
 
 def test_fit_recovers_a_known_engine(tmp_path: Path) -> None:
-    truth = {"compute_efficiency": 0.4, "memory_efficiency": 0.6, "layer_overhead_us": 30.0, "ttft_overhead_ms": 60.0}
+    truth = {"compute_efficiency": 0.4, "memory_efficiency": 0.6, "layer_overhead_us": 30.0, "ttft_overhead_ms": 60.0,
+             "ttft_overhead_us_per_stream": 3000.0}
     base = ServingPoint("p", "vllm", "llama-3.1-8b", "h200", "fp8", "fp8", "colocated", 2000, 200, 8, 1, 0, 0, 0, 0,
                         1.0, 1.0)
     pts = []
-    for i, (isl, c) in enumerate([(2000, 8), (500, 32), (8000, 4)]):
+    for i, (isl, c) in enumerate([(2000, 8), (500, 32), (8000, 4), (500, 4)]):
         p = base._replace(id=f"p{i}", isl=isl, concurrency=c)
         pr = predict_point(p, spec_of(truth), requests=2 * c)
         pts.append(p._replace(ttft_ms=pr.ttft_ms, tpot_ms=pr.tpot_ms))
@@ -94,7 +100,8 @@ def test_fit_recovers_a_known_engine(tmp_path: Path) -> None:
     out = write_report(rep, tmp_path / "out")
     text = (out / "README.md").read_text()
     assert "python -m placement validate" in text and "| vllm | Llama-3.1-8B |" in text
-    assert (out / "results.json").read_text().count('"id"') == 3
+    assert (out / "results.json").read_text().count('"id"') == 4
+    assert "| vllm | every model |" in text
     mod = tmp_path / "cal.py"
     write_calibration(rep, mod)
     ns: dict[str, object] = {}
