@@ -117,9 +117,9 @@ class LatencyModel:
         self.request_overhead_s_per_stream = request_overhead_s_per_stream
         self.stages = stages or PipelineSplit.even(pp)
 
-    def request_overhead(self, prompt_tokens: int, in_flight: int = 0) -> float:
+    def request_overhead(self, prompt_tokens: int, in_flight: float = 0.0) -> float:
         """Front-end time of one request outside the engine (s): a fixed part, one per prompt token and one
-        per request already in flight."""
+        per request already in flight at its front end."""
         return (self.request_overhead_s + self.request_overhead_s_per_token * prompt_tokens
                 + self.request_overhead_s_per_stream * in_flight)
 

@@ -44,7 +44,7 @@ SameNode = Callable[[int, int], bool]
 
 class _Sim:
     def __init__(self, requests: Sequence[Request], clients: int | None, ramp_s: float | Sequence[float] = 0.0,
-                 entry_delay: Callable[[int, int], float] | None = None) -> None:
+                 entry_delay: Callable[[int, float], float] | None = None, front_ends: int = 1) -> None:
         self.reqs = [ReqState(r.arrival_s, r.input_len, r.output_len) for r in requests]
         self.events: list[tuple[float, int, int, int, object]] = []
         self.seq = 0
@@ -52,8 +52,10 @@ class _Sim:
         self.clients = clients
         # NOTE: a prompt's front-end time (LatencyModel.request_overhead) from its length and the requests in
         # flight when it is sent; so a send is an event of its own (_SEND), which becomes the arrival at the
-        # engine after that delay (events() handles it)
+        # engine after that delay (events_in_order() handles it). Each engine that streams tokens (a colocated
+        # or decode instance) has a front end of its own and the requests spread evenly over them.
         self.delay = entry_delay or (lambda _tokens, _in_flight: 0.0)
+        self.front_ends = max(front_ends, 1)
         self.in_flight = 0
         if clients is None:
             for rid, r in enumerate(self.reqs):
@@ -78,7 +80,7 @@ class _Sim:
         while self.events:
             now, _, kind, a, b = heapq.heappop(self.events)
             if kind == _SEND:
-                self.push(now + self.delay(self.reqs[a].input_len, self.in_flight), _ARRIVE, a, None)
+                self.push(now + self.delay(self.reqs[a].input_len, self.in_flight / self.front_ends), _ARRIVE, a, None)
                 self.in_flight += 1
                 continue
             yield now, kind, a, b
@@ -111,7 +113,7 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
     """
     if n_prefill < 1 or n_decode < 1:
         raise ValueError(f"need at least one prefill and one decode instance, got {n_prefill}, {n_decode}")
-    sim = _Sim(requests, clients, ramp_s, None if mode == "decode" else prefill_lat.request_overhead)
+    sim = _Sim(requests, clients, ramp_s, None if mode == "decode" else prefill_lat.request_overhead, n_decode)
     reqs = sim.reqs
     policy = dispatch or RoundRobinDispatch()
     pre = [PrefillInstance(prefill_lat, max_prefill_tokens, pipe=Pipeline.of(prefill_lat.pp, prefill_lat))
@@ -296,7 +298,7 @@ def simulate_colocated(lat: LatencyModel, n_instances: int, requests: Sequence[R
         raise ValueError(f"need at least one colocated instance, got {n_instances}")
     if lat.pp != 1:
         raise ValueError(f"the colocated simulator runs pp=1 engines, got pp={lat.pp}")
-    sim = _Sim(requests, clients, ramp_s, lat.request_overhead)
+    sim = _Sim(requests, clients, ramp_s, lat.request_overhead, n_instances)
     reqs = sim.reqs
     insts = [ColocatedInstance(DecodeLane(lat, lat.kv_capacity_tokens(), Pipeline.of(1)), max_prefill_tokens,
                                chunked_prefill) for _ in range(n_instances)]

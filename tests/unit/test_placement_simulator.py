@@ -141,7 +141,8 @@ def test_front_end_time_per_prompt_token_is_added_to_ttft_outside_the_engine() -
 def test_front_end_time_per_stream_in_flight_is_added_to_ttft() -> None:
     """`request_overhead_s_per_stream` delays a request's entry by the requests in flight when it is sent:
     with a prefill pool of its own (no shared steps) the k-th of three overlapping requests gets exactly
-    k times it on its TTFT, and the decode steps stay as they were; a lone client never pays it."""
+    k times it on its TTFT (k / 2 with two front ends), and the decode steps stay as they were; a lone client
+    never pays it."""
     base = lat()
     slow = LatencyModel.from_coefficients(COEF, kv_bytes_per_token=819_200, kv_capacity_tokens=60_000)
     slow.request_overhead_s_per_stream = 0.004
@@ -151,6 +152,10 @@ def test_front_end_time_per_stream_in_flight_is_added_to_ttft() -> None:
     assert a[0].finish_s > 2.1 and a[1].finish_s > 2.1  # both still decoding when the third is sent
     assert [round(y.ttft_s - x.ttft_s, 9) for x, y in zip(a, b, strict=True)] == [0.0, 0.004, 0.008]
     assert b[0].tpot_s == pytest.approx(a[0].tpot_s, rel=0.01)
+    # two decode instances stream the tokens: two front ends, each with half the requests in flight
+    a2 = simulate_disaggregated(base, base, 1, 2, reqs).records
+    b2 = simulate_disaggregated(slow, slow, 1, 2, reqs).records
+    assert [round(y.ttft_s - x.ttft_s, 9) for x, y in zip(a2, b2, strict=True)] == [0.0, 0.002, 0.004]
     # one client: nobody else is ever in flight (finished requests leave the count), so nothing changes
     one = [Request(0.0, 200, 8) for _ in range(40)]
     for sim in (lambda m: simulate_colocated(m, 1, one, clients=1), lambda m: simulate_disaggregated(m, m, 1, 1, one, clients=1)):
