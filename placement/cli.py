@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--local-prefill-tokens", type=int, default=0,
                    help="disaggregated: prompts of at most this many tokens prefill on their decode instance "
                         "(the router's auto placement), in a step with its running decodes")
+    q.add_argument("--first-token-from-prefill", action="store_true",
+                   help="disaggregated: the prefill's first token streams at once (our P/D), so the KV transfer "
+                        "counts in TPOT, not TTFT (default: in TTFT, as the engines' own P/D proxies measure)")
     q.add_argument("--instances", type=int, default=1)
     q.add_argument("--tp", type=int, default=1)
     q.add_argument("--prefill-instances", type=int, default=1)
@@ -124,7 +127,8 @@ def _predict(args: argparse.Namespace) -> int:
                   mode=args.mode, instances=args.instances, tp=args.tp, prefill_instances=args.prefill_instances,
                   prefill_tp=args.prefill_tp, decode_instances=args.decode_instances, decode_tp=args.decode_tp,
                   isl=args.isl, osl=args.osl, concurrency=args.concurrency, rate=args.rate, requests=args.requests,
-                  profile=args.profile, backend=args.backend, local_prefill_tokens=args.local_prefill_tokens)
+                  profile=args.profile, backend=args.backend, local_prefill_tokens=args.local_prefill_tokens,
+                  first_token_from_prefill=args.first_token_from_prefill)
     print(json.dumps(out) if args.json else format_prediction(out))
     return 0
 

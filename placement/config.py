@@ -176,6 +176,12 @@ class SearchSpec(_Strict):
     node_ratios: bool = Field(False, description="algorithm 2: also try n_p:n_d instance mixes per node "
                                                  "(DistServe pairs one prefill with one decode)")
     colocated_baseline: bool = Field(True, description="also size the colocated baseline on the same GPUs")
+    first_token_from_prefill: bool = Field(True, description="the prefill engine's first token streams to the "
+                                                             "client at once (our P/D): the KV transfer delays "
+                                                             "the second token, not TTFT; false: the decode "
+                                                             "engine samples token 1 after the transfer "
+                                                             "(DistServe's convention, the engines' own P/D "
+                                                             "proxies)")
     colocated_chunked_prefill: bool = Field(False, description="colocated baseline with chunked prefill "
                                                                "(vLLM v1: prompt chunks share each step with the "
                                                                "decodes) instead of prefill batches that stall "

@@ -80,7 +80,8 @@ def _verify(ctx: PlanContext, p: PhaseChoice, d: PhaseChoice, n: int, m: int, p_
     local = ctx.cfg.workload.local_prefill_tokens if d.lat.pp == 1 else 0
     return simulate_disaggregated(p.lat, d.lat, n, m, wl.at_rate(rate), dispatch=GroupedDispatch(p_group, d_group),
                                   same_node=lambda a, b: p_group[a] == d_group[b],
-                                  max_prefill_tokens=ctx.cfg.search.max_prefill_tokens, local_prefill_tokens=local)
+                                  max_prefill_tokens=ctx.cfg.search.max_prefill_tokens, local_prefill_tokens=local,
+                                  first_token_from_prefill=ctx.cfg.search.first_token_from_prefill)
 
 
 def _phase_shortfall(res: SimResult, ttft: float, tpot: float) -> str:
@@ -103,7 +104,8 @@ def make_plan(cfg: PlannerConfig) -> PlacementPlan:
     hit = cfg.workload.prefix_hit_rate
     cands = [lat.with_prefix_hits(hit) for lat in cands]
     local = cfg.workload.local_prefill_tokens
-    pre = [PhaseChoice(lat, prefill_goodput(lat, wl, slo, s.max_prefill_tokens, near, local)) for lat in cands]
+    pre = [PhaseChoice(lat, prefill_goodput(lat, wl, slo, s.max_prefill_tokens, near, local,
+                                            s.first_token_from_prefill)) for lat in cands]
     sizes: dict[int, Workload] = {}
 
     def workload_for(n: int) -> Workload:

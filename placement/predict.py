@@ -49,7 +49,8 @@ def predict(*, model: str, hardware: str, weight_dtype: str = "bf16", kv_dtype: 
             osl: int = 128, concurrency: int | None = None, rate: float | None = None,
             requests: int | None = None, profile: str | None = None, seed: int = 0,
             latency: LatencySpec | None = None, max_prefill_tokens: int | None = None,
-            backend: str = "vllm", local_prefill_tokens: int = 0) -> dict[str, Any]:
+            backend: str = "vllm", local_prefill_tokens: int = 0,
+            first_token_from_prefill: bool = False) -> dict[str, Any]:
     if (concurrency is None) == (rate is None):
         raise PlacementError("give exactly one of --concurrency C (closed loop) or --rate R (open loop)")
     if concurrency is not None and concurrency < 1:
@@ -59,6 +60,9 @@ def predict(*, model: str, hardware: str, weight_dtype: str = "bf16", kv_dtype: 
     if local_prefill_tokens < 0 or (local_prefill_tokens and mode != "disaggregated"):
         raise PlacementError(f"--local-prefill-tokens {local_prefill_tokens}: give >= 0, with --mode disaggregated "
                              f"(a colocated engine prefills every prompt itself)")
+    if first_token_from_prefill and mode != "disaggregated":
+        raise PlacementError("--first-token-from-prefill needs --mode disaggregated (a colocated engine has no "
+                             "KV transfer)")
     if isl < 1 or osl < 1:
         raise PlacementError(f"--isl {isl} and --osl {osl} must be >= 1 token")
     for name, v in (("instances", instances), ("tp", tp), ("prefill-instances", prefill_instances),
@@ -105,7 +109,8 @@ def predict(*, model: str, hardware: str, weight_dtype: str = "bf16", kv_dtype: 
         res = simulate_disaggregated(lp, ld, prefill_instances, decode_instances, reqs, clients=concurrency,
                                      dispatch=GroupedDispatch(pg, dg), same_node=lambda a, b: pg[a] == dg[b],
                                      max_prefill_tokens=budget, ramp_s=ramp,
-                                     local_prefill_tokens=local_prefill_tokens)
+                                     local_prefill_tokens=local_prefill_tokens,
+                                     first_token_from_prefill=first_token_from_prefill)
         shape = {"prefill": {"instances": prefill_instances, "tp": prefill_tp, "pp": 1},
                  "decode": {"instances": decode_instances, "tp": decode_tp, "pp": 1},
                  "gpus": prefill_instances * lp.gpus + decode_instances * ld.gpus}

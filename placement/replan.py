@@ -147,6 +147,7 @@ class LoopSettings:
     max_prefill_tokens: int = 4096
     chunked_prefill: bool = False  # colocated engines: prompt chunks share steps with the decodes (vLLM v1)
     colocated: bool = False
+    first_token_from_prefill: bool = True  # our P/D streams the prefill's token: the KV transfer is in TPOT
     max_probe_requests: int = MAX_REQUESTS  # the live loop sizes in the controller: it keeps probes smaller
 
 
@@ -339,7 +340,8 @@ class Replanner:
             reqs = remote_prompts(reqs, local) or list(reqs[:1])
         return simulate_disaggregated(p_lat, d_lat, max(1, sizes.prefill), max(1, sizes.decode),
                                       reqs, mode=mode, max_prefill_tokens=s.max_prefill_tokens,
-                                      local_prefill_tokens=local if mode != "prefill" else 0)
+                                      local_prefill_tokens=local if mode != "prefill" else 0,
+                                      first_token_from_prefill=s.first_token_from_prefill)
 
     def attainment(self, wl: Workload, rate: float, sizes: Sizes) -> float:
         ttft, tpot = self._targets()

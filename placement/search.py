@@ -91,15 +91,16 @@ def decode_capacity(lat: LatencyModel, wl: Workload, tpot_s: float) -> float:
 
 
 def prefill_goodput(lat: LatencyModel, wl: Workload, slo: SLOSpec, max_tokens: int, same_node: bool,
-                    local_tokens: int = 0) -> Goodput:
+                    local_tokens: int = 0, first_token_from_prefill: bool = False) -> Goodput:
     """Prefill-only goodput in requests per second of the whole workload; prompts of at most `local_tokens`
-    tokens are prefilled on their decode worker, so this instance sees only the longer ones."""
+    tokens are prefilled on their decode worker, so this instance sees only the longer ones. TTFT ends at the
+    prefill with `first_token_from_prefill`, else after the KV transfer too."""
     def attain(rate: float) -> float:
         reqs = remote_prompts(wl.at_rate(rate), local_tokens)
         if not reqs:
             return 1.0
         res = simulate_disaggregated(lat, lat, 1, 1, reqs, mode="prefill", max_prefill_tokens=max_tokens,
-                                     same_node=same_node)
+                                     same_node=same_node, first_token_from_prefill=first_token_from_prefill)
         return res.attainment(slo.ttft_s, math.inf)
 
     return max_goodput(attain, slo.attainment, prefill_capacity(lat, wl, max_tokens) / max(wl.remote_share(local_tokens), 0.05), lat.gpus)

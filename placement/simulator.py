@@ -99,7 +99,8 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
                            requests: Sequence[Request], *, dispatch: DispatchPolicy | None = None,
                            same_node: bool | SameNode = False, max_prefill_tokens: int = 4096,
                            clients: int | None = None, mode: str = "both",
-                           ramp_s: float | Sequence[float] = 0.0, local_prefill_tokens: int = 0) -> SimResult:
+                           ramp_s: float | Sequence[float] = 0.0, local_prefill_tokens: int = 0,
+                           first_token_from_prefill: bool = False) -> SimResult:
     """Simulate `n_prefill` prefill and `n_decode` decode instances serving `requests`.
 
     `mode="prefill"` stops at the first token (decode not simulated); `mode="decode"` sends requests
@@ -110,6 +111,11 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
     picks (the router's `auto` placement sends short prompts there): whole, FIFO, in one step with that
     instance's running decodes (`mixed_step_time_s`, so the streams there pay for it), no KV transfer. Only
     for pp=1 decode instances; `mode` "both" or "decode".
+
+    `first_token_from_prefill`: the prefill engine's first token goes to the client as soon as it is sampled
+    (Saaf Infer's own P/D), so TTFT ends at the prefill and the KV transfer delays the second token (it counts
+    in TPOT). Off: the decode engine samples token 1 after the transfer (DistServe's convention, and what
+    the engines' own P/D proxies measure), so TTFT includes the transfer.
     """
     if n_prefill < 1 or n_decode < 1:
         raise ValueError(f"need at least one prefill and one decode instance, got {n_prefill}, {n_decode}")
@@ -227,16 +233,17 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
             for rid in b:  # type: ignore[attr-defined]
                 r = reqs[rid]
                 xfer = prefill_lat.kv_transfer_time_s(r.input_len, near(r.prefill_idx, r.decode_idx))
+                first = now if first_token_from_prefill else now + xfer
                 if mode == "prefill":
-                    r.first_token = r.finish = now + xfer
-                    sim.completed(now + xfer)
+                    r.first_token = r.finish = first
+                    sim.completed(first)
                 else:
+                    r.first_token = first
                     sim.push(now + xfer, _XFER_DONE, rid, None)
             kick_prefill(a, now)
         elif kind == _P_FREE:
             kick_prefill(a, now)
         elif kind == _XFER_DONE:
-            reqs[a].first_token = now
             to_decode(a, now)
         elif kind == _L_DONE:
             ln = lanes[a][0]

@@ -157,7 +157,7 @@ def compare_policies(trace: Sequence[Request], pools: Pools, latency: LatencyMod
         disp = StatsDispatch(name, latency, slo, pools.prefill, best_effort=best_effort,
                              max_prefill_tokens=max_prefill_tokens)
         res = simulate_disaggregated(latency, latency, pools.prefill, pools.decode, trace, dispatch=disp,
-                                     max_prefill_tokens=max_prefill_tokens)
+                                     max_prefill_tokens=max_prefill_tokens, first_token_from_prefill=True)
         if disp.mirror_mismatches:
             logger.warning("%s: prefill replay disagreed with the simulator at %d arrivals", name,
                            disp.mirror_mismatches)

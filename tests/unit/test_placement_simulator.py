@@ -187,3 +187,20 @@ def test_local_prefill_runs_short_prompts_on_the_decode_instance() -> None:
         assert out.rejected == 1 and out.completed == 0
     with pytest.raises(ValueError, match="local prefill"):
         simulate_disaggregated(m, m, 1, 1, reqs, local_prefill_tokens=256, mode="prefill")
+
+
+def test_first_token_from_prefill_moves_the_kv_transfer_from_ttft_to_tpot() -> None:
+    """Our P/D streams the prefill's first token at once: TTFT ends at the prefill and the transfer delays
+    token 2, so it shows up in TPOT spread over the output; the default keeps DistServe's convention."""
+    m = lat()
+    one = [Request(0.0, 2000, 11)]
+    old = simulate_disaggregated(m, m, 1, 1, one).records[0]
+    new = simulate_disaggregated(m, m, 1, 1, one, first_token_from_prefill=True).records[0]
+    xfer = m.kv_transfer_time_s(2000, False)
+    assert xfer > 0.001
+    assert old.ttft_s == pytest.approx(m.prefill_time_s([2000]) + xfer)
+    assert new.ttft_s == pytest.approx(m.prefill_time_s([2000]))
+    assert new.finish_s == pytest.approx(old.finish_s)  # the same work, only where it is counted moves
+    assert new.tpot_s == pytest.approx(old.tpot_s + xfer / 10)
+    pre = simulate_disaggregated(m, m, 1, 1, one, mode="prefill", first_token_from_prefill=True).records[0]
+    assert pre.ttft_s == pytest.approx(new.ttft_s)
