@@ -118,10 +118,57 @@ def markdown(summary: dict[str, Any], n: int) -> str:
     return "\n".join(lines)
 
 
+STEP_HEAD = ("| router mode, arrival seed | rate req/s | met both targets (of {n}): colocated / disaggregated | served "
+             "late: colo / disagg. | refused 429: colo / disagg. (send -> 429 p50 / max ms) | TTFT p50 / p99 s "
+             "(disagg.) | ITL p50 / p99 ms (disagg.) | TPOT p50 / p99 ms (disagg.) | $/M tokens colo / disagg. | "
+             "router TTFT p50 / p90 predicted/measured | router TPOT p50 / p90 | router per request ln error mean / "
+             "sd: TTFT; TPOT |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def _router(run: Run, rate: float) -> dict[str, Any]:
+    for row in (run.report.get("router") or {}).get("rows") or []:
+        if row["mode"] == "disaggregated" and float(row["rate"]) == rate:
+            return row
+    return {}
+
+
+def _pair(x: Any, y: Any, fmt: str) -> str:
+    return " / ".join("-" if v is None else format(v, fmt) for v in (x, y))
+
+
+def step_rows(runs: Sequence[Run]) -> str:
+    """One markdown row per run and rate (`auto` runs first, then by seed): what admission made of the
+    requests in both deployments, the disaggregated one's latency, cost and the router's prediction error."""
+    order = {"auto": 0, "always": 1, "never": 2}
+    lines = [STEP_HEAD.format(n=runs[0].report["num_requests"])]
+    for run in sorted(runs, key=lambda r: (order.get(r.mode, 3), r.seed)):
+        for row in run.report["rows"]:
+            rate = float(row["rate"])
+            c, d = run.outcomes["colocated"][str(rate)], run.outcomes["disaggregated"][str(rate)]
+            m = row["disaggregated"]
+            refused = f"{c['refused']} / {d['refused']}"
+            if d["refused"]:
+                refused += f" ({d['refusal_p50_s'] * 1e3:.0f} / {d['refusal_max_s'] * 1e3:.0f})"
+            rt = _router(run, rate)
+            t, o = rt.get("ttft") or {}, rt.get("tpot") or {}
+            lines.append(
+                f"| `{run.mode}`, seed {run.seed} | {rate:g} | {c['met']} / **{d['met']}** | {c['late']} / {d['late']} | "
+                f"{refused} | {_pair(m['ttft_p50'], m['ttft_p99'], '.2f')} | "
+                f"{_pair(m['itl_p50'] * 1e3, m['itl_p99'] * 1e3, '.0f')} | "
+                f"{_pair(m['tpot_p50'] * 1e3, m['tpot_p99'] * 1e3, '.0f')} | "
+                f"{_pair(c['dollars_per_m_tokens'], d['dollars_per_m_tokens'], '.2f')} | "
+                f"{_pair(t.get('p50_ratio'), t.get('p90_ratio'), '.2f')} | {_pair(o.get('p50_ratio'), o.get('p90_ratio'), '.2f')} | "
+                f"{_pair(t.get('log_error_mean'), t.get('log_error_sd'), '+.2f').replace(' / +', ' / ')}; "
+                f"{_pair(o.get('log_error_mean'), o.get('log_error_sd'), '+.2f').replace(' / +', ' / ')} |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.compare.seeds", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="--out directories (or report.json files) of compare runs")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON instead of a markdown table")
+    ap.add_argument("--steps", action="store_true", help="also print one markdown row per run and rate (the "
+                                                         "README's per-step tables)")
     a = ap.parse_args(argv)
     runs = load(a.runs)
     s = summarise(runs)
@@ -129,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: no seed has both an `auto` and an `always` run", file=sys.stderr)
         return 2
     print(json.dumps(s, indent=1) if a.json else markdown(s, int(runs[0].report["num_requests"])))
+    if a.steps:
+        print("\n" + step_rows(runs))
     commits = sorted({(r.commit[:7], r.dirty) for r in runs})
     print(f"\nruns: {len(runs)}; commits: {', '.join(c + (' (dirty)' if d else '') for c, d in commits)}",
           file=sys.stderr)

@@ -64,3 +64,29 @@ def test_lone_request_ttft_is_judged_on_the_idle_probes_of_every_seed_pooled(tmp
     assert seeds.main([str(d) for d in dirs]) == 0
     assert "`auto` runs: TTFT p50 disaggregated 0.415 s (6 requests) vs colocated 0.405 s (6): 1.025x" in \
         capsys.readouterr().out
+
+
+def test_step_rows_print_each_run_and_rate_from_its_report(tmp_path: Path, capsys) -> None:
+    def counts(met: int, late: int, refused: int, p50: float | None, mx: float | None, usd: float) -> dict:
+        return {"met": met, "late": late, "refused": refused, "refusal_p50_s": p50, "refusal_max_s": mx,
+                "dollars_per_m_tokens": usd}
+
+    lat = {"ttft_p50": 0.6234, "ttft_p99": 1.4099, "itl_p50": 0.0781, "itl_p99": 0.2844, "tpot_p50": 0.0834,
+           "tpot_p99": 0.1094}
+    router = {"rows": [{"rate": 1.5, "mode": "colocated", "ttft": {"p50_ratio": 9.0}, "tpot": {}},
+                       {"rate": 1.5, "mode": "disaggregated",
+                        "ttft": {"p50_ratio": 1.333, "p90_ratio": 0.99, "log_error_mean": -0.012,
+                                 "log_error_sd": 0.27},
+                        "tpot": {"p50_ratio": 1.0, "p90_ratio": 1.04, "log_error_mean": 0.031,
+                                 "log_error_sd": 0.208}}]}
+    over = {"rates": [1.5], "rows": [{"rate": 1.5, "disaggregated": lat}], "router": router}
+    d = _run(tmp_path, "auto", 3, {}, {}, **over)
+    rep = json.loads((d / "report.json").read_text())
+    rep["outcomes"] = {"colocated": {"1.5": counts(30, 0, 0, None, None, 0.0806)},
+                       "disaggregated": {"1.5": counts(29, 0, 1, 0.4675, 0.4679, 0.0836)}}
+    (d / "report.json").write_text(json.dumps(rep))
+    out = seeds.step_rows(seeds.load([d]))
+    head, rule, row = out.splitlines()
+    assert head.startswith("| router mode, arrival seed | rate req/s | met both targets (of 30)") and rule.count("---") == 12
+    assert row == ("| `auto`, seed 3 | 1.5 | 30 / **29** | 0 / 0 | 0 / 1 (468 / 468) | 0.62 / 1.41 | 78 / 284 | 83 / 109 "
+                   "| 0.08 / 0.08 | 1.33 / 0.99 | 1.00 / 1.04 | -0.01 / 0.27; +0.03 / 0.21 |")
