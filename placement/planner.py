@@ -32,7 +32,7 @@ from placement.workload import Workload
 logger = logging.getLogger(__name__)
 
 MAX_VERIFY_REQUESTS = 4000
-AFFINITY_THRESHOLD = 0.1  # NIC transfer of a p90 prompt above this share of the TTFT target: low affinity
+AFFINITY_THRESHOLD = 0.1  # NIC transfer of a p90 prompt above this share of its latency budget: low affinity
 
 
 class GroupedDispatch:
@@ -69,7 +69,11 @@ def choose_algorithm(ctx: PlanContext, wl: Workload) -> str:
         return "low-affinity"
     lat = ctx.latency(min(ctx.cfg.search.tp_options), 1)
     p90 = int(np.percentile(wl.inputs, 90))
-    slow = lat.kv_transfer_time_s(p90, same_node=False) > AFFINITY_THRESHOLD * ctx.cfg.slo.ttft_s
+    # NOTE: the budget the transfer eats: the TTFT target, or where the prefill's first token streams at once
+    # (search.first_token_from_prefill) the TPOT target over the output it is spread across
+    slo = ctx.cfg.slo
+    budget = slo.tpot_s * max(wl.mean_output - 1.0, 1.0) if ctx.cfg.search.first_token_from_prefill else slo.ttft_s
+    slow = lat.kv_transfer_time_s(p90, same_node=False) > AFFINITY_THRESHOLD * budget
     return "low-affinity" if slow else "high-affinity"
 
 

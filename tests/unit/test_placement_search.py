@@ -77,6 +77,20 @@ def test_first_token_from_prefill_takes_the_kv_transfer_out_of_ttft() -> None:
     assert ours.feasible and ours.ttft_s <= 0.25 and ours.tpot_s <= 0.1
 
 
+def test_auto_algorithm_weighs_the_transfer_against_the_budget_it_eats() -> None:
+    """A slow NIC (a p90 prompt's KV takes ~0.2 s): half the 0.4 s TTFT target when token 1 waits for the
+    transfer (algorithm 2, pairs packed per node); a sliver of the ~10 s of TPOT budget it is spread over when
+    the prefill's first token streams at once (algorithm 1 may cross nodes)."""
+    from placement.planner import PlanContext, choose_algorithm
+
+    got = []
+    for first in (False, True):
+        ctx = PlanContext.from_config(parse_planner_config(cfg(cluster__inter_node_gbps=1.0,
+                                                               search__first_token_from_prefill=first)))
+        got.append(choose_algorithm(ctx, ctx.workload()))
+    assert got == ["low-affinity", "high-affinity"]
+
+
 def test_plan_scales_with_rate_and_fills_cluster() -> None:
     lo = make_plan(parse_planner_config(cfg(workload__rate_rps=5.0)))
     hi = make_plan(parse_planner_config(cfg(workload__rate_rps=60.0)))
