@@ -132,8 +132,8 @@ def _router(run: Run, rate: float) -> dict[str, Any]:
     return {}
 
 
-def _pair(x: Any, y: Any, fmt: str) -> str:
-    return " / ".join("-" if v is None else format(v, fmt) for v in (x, y))
+def _pair(x: Any, y: Any, fmt: str, fmt_y: str | None = None) -> str:
+    return " / ".join("-" if v is None else format(v, f) for v, f in ((x, fmt), (y, fmt_y or fmt)))
 
 
 def step_rows(runs: Sequence[Run]) -> str:
@@ -158,8 +158,8 @@ def step_rows(runs: Sequence[Run]) -> str:
                 f"{_pair(m['tpot_p50'] * 1e3, m['tpot_p99'] * 1e3, '.0f')} | "
                 f"{_pair(c['dollars_per_m_tokens'], d['dollars_per_m_tokens'], '.2f')} | "
                 f"{_pair(t.get('p50_ratio'), t.get('p90_ratio'), '.2f')} | {_pair(o.get('p50_ratio'), o.get('p90_ratio'), '.2f')} | "
-                f"{_pair(t.get('log_error_mean'), t.get('log_error_sd'), '+.2f').replace(' / +', ' / ')}; "
-                f"{_pair(o.get('log_error_mean'), o.get('log_error_sd'), '+.2f').replace(' / +', ' / ')} |")
+                f"{_pair(t.get('log_error_mean'), t.get('log_error_sd'), '+.2f', '.2f')}; "
+                f"{_pair(o.get('log_error_mean'), o.get('log_error_sd'), '+.2f', '.2f')} |")
     return "\n".join(lines)
 
 
