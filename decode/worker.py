@@ -66,7 +66,8 @@ class DecodeWorker(EngineHost):
         else:
             extra = dict(params.extra_args or {}, kv_transfer_params=h.decode_params())
             gen = self._generate(request_id, prompt_token_ids, delta_params(params, prompt_logprobs=None,
-                                                                             extra_args=extra))
+                                                                             extra_args=extra),
+                                 pulled=h.prompt_tokens)
         first_task = asyncio.ensure_future(anext(gen))
         try:
             async for waited in self._until_pulled(first_task, request_id, submitted, timeout):

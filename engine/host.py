@@ -50,7 +50,10 @@ class EngineHost:
         self.device = self.cfg.resolved_device()
         self.engine_id = f"{worker_id}-{uuid.uuid4().hex[:8]}"
         self.side_channel_port: int | None = None
-        self._pending: dict[str, int] = {}  # request id -> prompt tokens, until first output
+        self._pending: dict[str, int] = {}  # request id -> prompt tokens this engine computes, until first output
+        # NOTE: request id -> prompt tokens whose KV a prefill engine computed and this one pulls over NIXL, until
+        # first output: no compute here, so not a prefill queue the router may put a local prompt behind
+        self._pulling: dict[str, int] = {}
         self._running_ctx: dict[str, int] = {}  # request id -> context tokens, while decoding
         self._started = time.monotonic()
         self._calib_lock = asyncio.Lock()
@@ -160,6 +163,8 @@ class EngineHost:
             waiting=max(t.waiting, len(self._pending)),
             running=max(t.running, len(self._running_ctx)),
             queued_prompt_tokens=sum(self._pending.values()),
+            pulling=len(self._pulling),
+            pulling_tokens=sum(self._pulling.values()),
             running_context_tokens=sum(self._running_ctx.values()),
             kv_usage=t.kv_usage,
             kv_capacity_tokens=self.num_gpu_blocks * self.block_size,
@@ -211,24 +216,31 @@ class EngineHost:
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)
 
-    async def _generate(self, request_id: str, prompt_token_ids: list[int], params: Any) -> AsyncIterator[Any]:
-        """Yield vLLM RequestOutputs (as ``params`` asks); abort the engine request if the consumer goes away."""
+    async def _generate(self, request_id: str, prompt_token_ids: list[int], params: Any,
+                        pulled: int = 0) -> AsyncIterator[Any]:
+        """Yield vLLM RequestOutputs (as ``params`` asks); abort the engine request if the consumer goes away.
+        ``pulled``: prompt tokens whose KV comes from a prefill engine (the rest this engine computes)."""
         from vllm.inputs import TokensPrompt
 
         n = len(prompt_token_ids)
-        self._pending[request_id] = n
+        pulled = max(0, min(pulled, n - 1))
+        self._pending[request_id] = n - pulled
+        if pulled:
+            self._pulling[request_id] = pulled
         finished = False
         try:
             async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params,
                                                   request_id):
                 if request_id in self._pending:
                     del self._pending[request_id]
+                    self._pulling.pop(request_id, None)
                     self._running_ctx[request_id] = n
                 self._running_ctx[request_id] += sum(len(c.token_ids) for c in out.outputs)
                 finished = out.finished
                 yield out
         finally:
             self._pending.pop(request_id, None)
+            self._pulling.pop(request_id, None)
             self._running_ctx.pop(request_id, None)
             if not finished:
                 await self.engine.abort(request_id)

@@ -17,7 +17,7 @@ class WorkerStats(NamedTuple):
     node_id: str
     waiting: int  # requests queued, not yet scheduled
     running: int  # requests in the running batch
-    queued_prompt_tokens: int  # prompt tokens of waiting requests not yet prefilled
+    queued_prompt_tokens: int  # prompt tokens of waiting requests that this engine has to prefill
     running_context_tokens: int  # sum of context lengths (prompt + generated) of running requests
     kv_usage: float
     kv_capacity_tokens: int
@@ -37,3 +37,8 @@ class WorkerStats(NamedTuple):
     # NOTE: whether the engine keeps a prefix cache (vLLM's enable_prefix_caching): the router predicts a
     # cached prefix only where one can be
     prefix_caching: bool = True
+    # NOTE: waiting requests (in `waiting` too) whose prompt KV a prefill engine computed and this decode engine
+    # pulls over NIXL, and those prompts' tokens: they hold KV and join the batch, but need no prefill here, so
+    # they are no queue for a prompt prefilled on this engine (`queued_prompt_tokens` leaves them out)
+    pulling: int = 0
+    pulling_tokens: int = 0

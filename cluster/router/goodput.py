@@ -290,11 +290,12 @@ class GoodputPolicy(LocalPrefill, Policy):
             if g is None or tpot < g[0]:
                 groups[key] = (tpot, j, step)
         best = (-_INF, _INF, 0, 0, 0.0, 0.0, 0.0)  # value, TPOT, decode index, prefill index, P(own), transfer, step
+        best_admits, admit_p = False, self.admit_probability
         cands = sorted(groups.values()) if len(groups) > 1 else groups.values()
         for tpot, j, step in cands:
             ptp = 1.0 if out <= 1 else p_meet(req.tpot_slo_s, tpot)
-            if ptp < best[0]:
-                break  # NOTE: value <= P(own TPOT), which falls with the TPOT
+            if ptp < best[0] and (best_admits or ptp < admit_p):
+                break  # NOTE: value and P(own) <= P(own TPOT), which falls with the TPOT
             d = decode[j]
             if colocated:
                 pi, x, pt, h = j, 0.0, p_meet(slo, costs[j]), harm(j)
@@ -321,8 +322,14 @@ class GoodputPolicy(LocalPrefill, Policy):
                 ratio = lat.decode_step_time_s(st.b0, st.c0) / lat.decode_step_time_s(st.b0 + 1,
                                                                                       st.c0 + ctx_new)
                 value -= st.b0 * (p_meet(self.default_tpot_s, step * ratio) - p_meet(self.default_tpot_s, step))
-            if value > best[0] or (value == best[0] and tpot < best[1]):
-                best = (value, tpot, j, pi, p_own, x, step)
+            admits = p_own >= admit_p and value > 0
+            # NOTE: a pair that would be admitted beats one that would be refused, whatever their values
+            if admits != best_admits:
+                better = admits
+            else:
+                better = value > best[0] or (value == best[0] and tpot < best[1])
+            if better:
+                best, best_admits = (value, tpot, j, pi, p_own, x, step), admits
         value, tpot, j, pi, p_own, x, step = best
         d = decode[j]
         if aff_i >= 0 and aff_i != pi:
@@ -332,10 +339,11 @@ class GoodputPolicy(LocalPrefill, Policy):
                 p_own, value = p_own / pt * pt_a, value + (pt_a - harm(aff_i)) - (pt - harm(pi))
                 pi, x, tpot = aff_i, xa, tpot + (xa - x) * tp_share
         ttft_s, ds = costs[pi] + x * in_ttft, self.states[d.worker_id]
+        admit = p_own >= admit_p and value > 0
         declined = None  # NOTE: why not a local prefill (auto), in the refusal's reason
         if not colocated and self.disaggregation != "always":
             l_tpot = tpot - x * tp_share  # NOTE: no transfer there
-            local = self._local(req, d, step, l_tpot, value)
+            local = self._local(req, d, step, l_tpot, value, admit)
             if isinstance(local, Declined):
                 declined = local
             else:
@@ -351,7 +359,6 @@ class GoodputPolicy(LocalPrefill, Policy):
                 return RouteDecision(l_admit, None, d.worker_id, reason, l_ttft, l_tpot if out > 1 else None, l_own,
                                      local=True, placement=f"local:{why}", step_ratio=ds.step_ratio,
                                      ttft_ratio=ds.ttft_ratio, tpot_ratio=ds.tpot_ratio)
-        admit = p_own >= self.admit_probability and value > 0
         p_id = None if colocated else prefill[pi].worker_id
         ticket = 0
         if admit or self.record_refused:

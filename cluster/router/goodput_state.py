@@ -97,11 +97,13 @@ class WorkerState:
         while led and (self.led_tokens - led[0][1] >= pending or led[0][0] < cut):
             self.led_tokens -= led.popleft()[1]
         run = s.running if s.role == "prefill" else 0  # NOTE: a colocated worker's batch is decoding
-        self.pidle_ts, f = _idle_fade(self.pidle_ts, ts, bool(pending or run or s.waiting or un_n),
+        # NOTE: on a decode worker, requests pulling their KV wait too, but nothing is prefilled for them here
+        waiting = max(0, s.waiting - s.pulling)
+        self.pidle_ts, f = _idle_fade(self.pidle_ts, ts, bool(pending or run or waiting or un_n),
                                       PREFILL_IDLE_HALF_LIFE_S)
         self.ttft_ratio **= f
         self.dls = sorted(e[2] for e in itertools.islice(led, run, None))
-        self.set_queue(t, pending, s.waiting + run + un_n, run)
+        self.set_queue(t, pending, waiting + run + un_n, run)
 
     def set_queue(self, t: Terms, q: int, n: int, run: int) -> None:
         self.q, self.n, self.run = q, n, run
@@ -171,7 +173,7 @@ class WorkerState:
             _, kv, ctx = heapq.heappop(h)
             self.inc_kv -= kv
             self.inc_ctx -= ctx
-        queued = s.queued_prompt_tokens
+        queued = s.queued_prompt_tokens + s.pulling_tokens  # NOTE: both hold KV here and join the batch
         batch, ctx = s.running + s.waiting + len(h), s.running_context_tokens + queued + self.inc_ctx
         self.set_batch(lat.terms, batch, ctx)
         cap = s.kv_capacity_tokens

@@ -41,16 +41,19 @@ class LocalPrefill:
     decode_latency: LatencyModel
     disaggregation: str
     tie_probability: float
+    admit_probability: float
     default_tpot_s: float
     stale_s: float
     _avg_out: float
     clock: Callable[[], float]
     p_meet: Callable[[float, float], float]
 
-    def _local(self, req: RouteRequest, d: WorkerStats, step: float, tpot: float, remote_value: float
-               ) -> tuple[float, float, float, str] | Declined:
+    def _local(self, req: RouteRequest, d: WorkerStats, step: float, tpot: float, remote_value: float,
+               remote_admits: bool = True) -> tuple[float, float, float, str] | Declined:
         """The local-prefill option on decode worker `d`: (TTFT, P(own targets), value net of what it costs the
         streams decoding there, why), or why not when remote prefill is better or local is ruled out (`auto`).
+        `remote_admits`: whether the remote option would be admitted; one that would be refused is worth nothing,
+        so a local option that would be admitted wins whatever the remote one's value.
 
         A prefill on a decode engine joins one of its steps: that step lasts the prefill longer for every
         stream running there, spread over their remaining tokens (~half the average output). The KV transfer
@@ -74,8 +77,17 @@ class LocalPrefill:
         value = own - self._stall_harm(streams, pre * st.dr, step)
         if self.disaggregation == "never":
             return ttft, own, value, "never"
-        # NOTE: ties go local (no transfer, a prefill worker left free for the next long prompt).
-        if value >= remote_value - self.tie_probability:
+        admits = own >= self.admit_probability and value > 0
+        # NOTE: an option that is admitted beats one that is refused (a refused request is worth 0, an admitted
+        # one its value > 0; 2026-12-05, mixed trace at 1.5 req/s: a local option at P(slo) 0.95 and value +0.23
+        # lost to a remote one at P(slo) 0.31 and value +0.30, and the request was refused). Between two of the
+        # same kind, the higher value; ties go local (no transfer, a prefill worker left free for the next long
+        # prompt).
+        if admits != remote_admits:
+            take = admits
+        else:
+            take = value >= remote_value - self.tie_probability
+        if take:
             return ttft, own, value, "idle decode" if not streams else "cheaper"
         return Declined(own, value, streams, ttft)
 

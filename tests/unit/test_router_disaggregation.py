@@ -190,3 +190,40 @@ def test_a_stall_costs_the_streams_at_least_what_it_adds_to_the_tpot_they_are_ju
     assert lost <= one <= 3 * lost
     assert p._stall_harm(7, stall, step) == pytest.approx(7 * one, rel=1e-6)
     assert p._stall_harm(0, stall, step) == 0.0
+
+
+def test_a_local_option_that_would_be_admitted_beats_a_remote_one_that_would_be_refused() -> None:
+    """A refused request is worth nothing: a local prefill at P(slo) 0.72, net of what it costs the 3 streams
+    there, wins over a remote pair at P(slo) 0.32 even where the remote pair's value (0.32, it harms nobody) is
+    higher. (Found in the mixed-trace run of 2026-12-05 at 1.5 req/s: local at P(slo) 0.95 and value +0.23
+    declined for a remote pair at P(slo) 0.31, and the request refused.)"""
+    def mk(mode: str):
+        p = policy(mode)
+        p._state("d0").step_ratio = 1.8  # NOTE: streams there decode at ~0.13 s/token against a 0.15 s target
+        return p
+
+    req = RouteRequest(256, 32, 2.0, 0.15)
+    remote = mk("always")(req, prefill(queued=950), decode(running=3))
+    d = mk("auto")(req, prefill(queued=950), decode(running=3))
+    assert not remote.admit and 0.2 < remote.p_slo < 0.5, remote
+    assert d.admit and d.local and d.p_slo > 0.5 and d.p_slo > remote.p_slo, d
+
+
+def test_a_pair_that_would_be_admitted_beats_one_that_would_be_refused() -> None:
+    """Colocated: a worker whose own chance is low but who harms nobody does not hide another worker that
+    would be admitted."""
+    def mk():
+        p = make_policy("goodput", router_cfg=RouterConfig(), slo=SLOConfig(ttft_ms=2000, tpot_ms=150))
+        p._state("c1").step_ratio = 1.8
+        return p
+
+    now = time.time()
+    # c0: a prefill queue, nothing decoding (P(own) below 0.5, no harm); c1: no queue, streams decoding near the
+    # TPOT target (P(own) above 0.5, our prompt stalls them)
+    c0 = WorkerStats("c0", "colocated", "n1", 4, 0, 950, 0, 0.0, 5760, (), True, now)
+    c1 = WorkerStats("c1", "colocated", "n1", 0, 4, 0, 1200, 0.2, 5760, (), True, now)
+    req = RouteRequest(256, 32, 2.0, 0.15)
+    alone = [mk()(req, [], [c]) for c in (c0, c1)]
+    assert not alone[0].admit and alone[1].admit, alone
+    d = mk()(req, [], [c0, c1])
+    assert d.admit and d.decode == "c1", d
