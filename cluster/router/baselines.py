@@ -10,7 +10,9 @@ from engine.stats import WorkerStats
 
 
 def _load(s: WorkerStats) -> tuple[float, ...]:
-    return (s.waiting + s.running, s.queued_prompt_tokens + s.running_context_tokens, s.kv_usage)
+    # NOTE: a decode worker's prompts pulling KV count as context there (they are not in queued_prompt_tokens)
+    return (s.waiting + s.running, s.queued_prompt_tokens + s.pulling_tokens + s.running_context_tokens,
+            s.kv_usage)
 
 
 class LeastLoaded(Policy):

@@ -82,3 +82,11 @@ def test_benchmark_prints_the_table_and_decision_times(capsys: pytest.CaptureFix
     assert t.workers == 64 and 0 < t.p50_us < 2000  # NOTE: generous; the benchmark prints the real number
     with pytest.raises(SystemExit):
         bench_main(["--rate", "-1"])
+
+
+def test_least_loaded_counts_the_prompts_a_decode_worker_is_pulling() -> None:
+    """Prompts whose KV a decode worker pulls are not in its queued_prompt_tokens (nothing to prefill there),
+    but they are context it will decode: least_loaded weighs them as load."""
+    d0 = WorkerStats("d0", "decode", "", 1, 2, 1, 600, 0.2, 5760, (), True, 0.0, pulling=1, pulling_tokens=900)
+    d1 = WorkerStats("d1", "decode", "", 1, 2, 300, 700, 0.2, 5760, (), True, 0.0)
+    assert least_loaded(RouteRequest(100, 16, 2.0, 0.1), [], [d0, d1]).decode == "d1"
