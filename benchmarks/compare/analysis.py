@@ -117,8 +117,9 @@ def resource_finding(mode: str, res: dict[str, Any]) -> str:
                       for w, v in res.get("workers", {}).items())
     cores = res.get("cpu_cores", {})
     eng = sum(v for k, v in cores.items() if k.startswith("engine "))
-    other = res.get("machine_other_cores")
+    other, steal = res.get("machine_other_cores"), res.get("machine_steal_cores")
     return (f"{SHORT[mode]}: mean running batch when busy {batch or '-'}; cores: engines {eng:.2f} ("
             + ", ".join(f"{k[7:]} {v:.2f}" for k, v in cores.items() if k.startswith("engine "))
             + f"), rest of ours {sum(cores.values()) - eng:.2f}"
-            + ("" if other is None else f", not ours {other:.2f}"))
+            + ("" if other is None else f", not ours {other:.2f}")
+            + ("" if steal is None else f", taken by the host (steal) {steal:.2f}"))

@@ -25,7 +25,8 @@ from benchmarks.compare.tables import (
 CPU_NOTE = (
     "Per rate step: cores used (CPU-seconds / step wall time) by each engine (Ray actor + its vLLM "
     "EngineCore), by the rest of this run's processes (driver = load client, Serve, Ray), and by "
-    "processes not ours (other work on the box); the workers' running batch from `/v1/stats` sampled "
+    "processes not ours (other work on the box), and in brackets the cores the hypervisor gave other guests "
+    "while ours waited (steal: a shared VM runs slower by that much); the workers' running batch from `/v1/stats` sampled "
     "every second (mean over samples where it was > 0 / max, busy % of samples; a prefill worker counts its "
     "prompt as waiting until the prompt is done, so its running count stays 0: read its load from its "
     "cores); median engine step (as the engine's stat logger records it: for a mostly idle engine this "

@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from engine.procs import cpu_seconds, machine_busy_s, tree
+from engine.procs import cpu_seconds, machine_busy_s, machine_steal_s, tree
 
 Snapshot = dict[int, tuple[str, float]]
 """pid -> (component, CPU seconds so far)."""
@@ -33,7 +33,7 @@ def classify_process(cmd: str, pid: int, self_pid: int) -> str:
 
 
 def cpu_snapshot(engines: dict[int, str]) -> tuple[Snapshot, float]:
-    """(CPU seconds of this process and each of its descendants, machine busy seconds).
+    """(CPU seconds of this process and each of its descendants, machine busy seconds; steal not included).
 
     ``engines`` maps an engine's PID to its component name; its descendants (vLLM's EngineCore)
     count toward it. Everything else under this process is named by ``classify_process``."""
@@ -72,3 +72,15 @@ def foreign_now(window_s: float = 3.0) -> float:
     after, busy1 = cpu_snapshot({})
     ours = sum(cpu_breakdown(before, after, window_s).values())
     return max(0.0, (busy1 - busy0) / window_s - ours)
+
+
+class Steal:
+    """Cores the hypervisor took for other guests since creation (`cores()`): on a shared VM our processes wait
+    that long without any process of this machine running."""
+
+    def __init__(self) -> None:
+        self.t0, self.s0 = time.monotonic(), machine_steal_s()
+
+    def cores(self) -> float:
+        wall = time.monotonic() - self.t0
+        return round(max(0.0, machine_steal_s() - self.s0) / wall, 3) if wall > 0 else 0.0

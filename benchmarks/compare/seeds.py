@@ -76,7 +76,17 @@ def summarise(runs: Sequence[Run]) -> dict[str, Any]:
                      "colocated_in_auto_runs": colo_a, "colocated_in_always_runs": colo_b,
                      "auto_late": late, "always_late": late_always, "auto_at_least_both": wins})
     return {"runs": [{"path": str(r.path), "mode": r.mode, "seed": r.seed, "commit": r.commit, "dirty": r.dirty}
-                     for r in runs], "rows": rows, "lone": lone_requests(runs)}
+                     for r in runs], "rows": rows, "lone": lone_requests(runs), "steal": host_steal(runs)}
+
+
+def host_steal(runs: Sequence[Run]) -> dict[str, Any] | None:
+    """The cores the hypervisor gave other guests during the runs' steps (median and max over every step of
+    both deployments): how much slower than itself a shared VM ran. None for runs that did not record it."""
+    vals = [res["machine_steal_cores"] for r in runs for by_rate in (r.report.get("resources") or {}).values()
+            for res in by_rate.values() if res.get("machine_steal_cores") is not None]
+    if not vals:
+        return None
+    return {"steps": len(vals), "median_cores": round(statistics.median(vals), 3), "max_cores": round(max(vals), 3)}
 
 
 def _probe(run: Run, deployment: str) -> list[float]:
@@ -115,6 +125,10 @@ def markdown(summary: dict[str, Any], n: int) -> str:
         lines.append(f"\nLone requests (idle probe, all seeds pooled), `{x['mode']}` runs: TTFT p50 disaggregated "
                      f"{x['disaggregated_ttft_p50_s']:.3f} s ({x['requests'][1]} requests) vs colocated "
                      f"{x['colocated_ttft_p50_s']:.3f} s ({x['requests'][0]}): {x['ratio']:.3f}x")
+    st = summary.get("steal")
+    if st:
+        lines.append(f"\nHost steal (cores the hypervisor gave other guests) over the {st['steps']} steps: median "
+                     f"{st['median_cores']:.2f}, max {st['max_cores']:.2f}")
     return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from benchmarks.compare.fmt import fmt_key, fmt_ms
 from benchmarks.compare.options import RunOptions
-from benchmarks.compare.procstat import cpu_breakdown, cpu_snapshot
+from benchmarks.compare.procstat import Steal, cpu_breakdown, cpu_snapshot
 from benchmarks.compare.quiet import QuietBudget, wait_quiet
 from benchmarks.compare.server_stats import (
     StatsSampler,
@@ -43,6 +43,7 @@ def measure_step(endpoint: str, model: str, step: Step, engines: dict[int, str],
         seq0 = max((e[0] for e in sampler.predictions()), default=0)
         m0 = scrape_metrics(endpoint)
         before, busy0 = cpu_snapshot(engines)
+        steal = Steal()
         w0 = time.monotonic()
         res = run_benchmark(endpoint, model, step.traffic.workload, [step.rate], **step.traffic.bench_kwargs(),
                             slo=opts.slo, cost=opts.cost, request_timeout_s=opts.request_timeout_s,
@@ -56,6 +57,7 @@ def measure_step(endpoint: str, model: str, step: Step, engines: dict[int, str],
     return Attempt(res, {"wall_s": round(wall, 2), "cpu_cores": cores,
                          "machine_busy_cores": round((busy1 - busy0) / wall, 3),
                          "machine_other_cores": round(max(0.0, (busy1 - busy0) / wall - sum(cores.values())), 3),
+                         "machine_steal_cores": steal.cores(),
                          "workers": worker_load(sampler.samples), "transfers": transfer_summary(tel),
                          "server_means_s": metric_means(m0, m1), "router_predictions": prediction_summary(preds),
                          "router_counts": router_counts(sampler.first, sampler.last),
@@ -101,7 +103,8 @@ def best_attempt(endpoint: str, model: str, step: Step, engines: dict[int, str],
         engine_cores = {k[7:]: v for k, v in att.resources["cpu_cores"].items() if k.startswith("engine ")}
         opts.say(f"[{label}] rate {fmt_key(step.key)}: attainment {s.attainment:.0%}, goodput "
                  f"{s.goodput_rps:.3f} req/s, TTFT p90 {fmt_ms(s.ttft.p90)} ms, TPOT p90 {fmt_ms(s.tpot.p90)} ms, "
-                 f"engine cores {engine_cores}, not ours {foreign:.2f}")
+                 f"engine cores {engine_cores}, not ours {foreign:.2f}, host steal "
+                 f"{att.resources['machine_steal_cores']:.2f}")
         if foreign <= opts.foreign_limit or budget.retries_left <= 0:
             return best
         budget.retries_left -= 1

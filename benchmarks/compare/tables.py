@@ -105,7 +105,7 @@ def resources_table(rows: Sequence[dict[str, Any]], resources: Resources, limit:
             res = resources.get(mode, {}).get(r["rate"])
             if res:
                 body.append([f"{r['rate']:g}", mode, *_resource_cells(res, limit)])
-    return md_table(["rate", "mode", "engine cores (worker+EngineCore)", "other cores of ours", "cores not ours",
+    return md_table(["rate", "mode", "engine cores (worker+EngineCore)", "other cores of ours", "cores not ours (host steal)",
                      "running batch mean-when-busy/max (busy %), mean waiting", "median step ms", "KV cache use mean/max",
                      "KV transfers",
                      "server mean ms: TTFT / prefill / KV wait"], body)
@@ -121,7 +121,8 @@ def _resource_cells(res: dict[str, Any], limit: float) -> list[str]:
     return [
         ", ".join(f"{k} {v:.2f}" for k, v in eng.items()),
         ", ".join(f"{k.split(' ')[0]} {v:.2f}" for k, v in rest.items()),
-        f"{res['machine_other_cores']:.2f}" + (" (!)" if res["machine_other_cores"] > limit else ""),
+        f"{res['machine_other_cores']:.2f}" + (" (!)" if res["machine_other_cores"] > limit else "")
+        + ("" if res.get("machine_steal_cores") is None else f" ({res['machine_steal_cores']:.2f})"),
         ", ".join(f"{w} {v['mean_running_when_busy']:.1f}/{v['max_running']} ({v['busy_fraction']:.0%}), "
                   f"waiting {v['mean_waiting']:.1f}" for w, v in loads.items()),
         ", ".join(f"{w} {fmt_ms(v['median_step_s'])}" for w, v in loads.items()),

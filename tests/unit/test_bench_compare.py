@@ -472,3 +472,27 @@ def test_run_variant_always_tears_down_and_run_in_turn_keeps_what_finished(monke
         cmp.run_in_turn([cmp.Variant("a", {}), cmp.Variant("a", {})], run_one)
     with pytest.raises(ValueError, match="no steps"):
         runner.run_variant("d", _FakeDeployment(), [], opts, cmp.QuietBudget(0, 0))
+
+
+def test_host_steal_is_counted_apart_from_processes_not_ours(monkeypatch) -> None:
+    """Time the hypervisor gives other guests is no process of this machine: it is reported as steal, not as
+    busy cores (where it read as load "not ours" and could fail a step's quiet check)."""
+    from benchmarks.compare import procstat
+    from engine import procs
+
+    ticks = iter([
+        [100, 0, 50, 1000, 0, 0, 0, 0, 0, 0],    # user nice system idle iowait irq softirq steal guest guest_nice
+        [100, 0, 50, 1000, 0, 0, 0, 0, 0, 0],
+        [300, 0, 50, 1100, 0, 0, 0, 100, 0, 0],  # +2 s user, +1 s steal (at 100 ticks/s)
+        [300, 0, 50, 1100, 0, 0, 0, 100, 0, 0],
+    ])
+    monkeypatch.setattr(procs, "_cpu_ticks", lambda: next(ticks))
+    monkeypatch.setattr(procs.os, "sysconf", lambda name: 100)
+    b0, s0 = procs.machine_busy_s(), procs.machine_steal_s()
+    assert (procs.machine_busy_s() - b0, procs.machine_steal_s() - s0) == (2.0, 1.0)
+    clock = iter([10.0, 12.0])
+    monkeypatch.setattr(procstat.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(procstat, "machine_steal_s", iter([3.0, 4.0]).__next__)
+    assert procstat.Steal().cores() == 0.5
+    row = {"cpu_cores": {}, "workers": {}, "transfers": {}, "machine_other_cores": 0.0, "machine_steal_cores": 0.5}
+    assert "(0.50)" in cmp.tables._resource_cells(row, 0.25)[2]

@@ -90,3 +90,17 @@ def test_step_rows_print_each_run_and_rate_from_its_report(tmp_path: Path, capsy
     assert head.startswith("| router mode, arrival seed | rate req/s | met both targets (of 30)") and rule.count("---") == 12
     assert row == ("| `auto`, seed 3 | 1.5 | 30 / **29** | 0 / 0 | 0 / 1 (468 / 468) | 0.62 / 1.41 | 78 / 284 | 83 / 109 "
                    "| 0.08 / 0.08 | 1.33 / 0.99 | 1.00 / 1.04 | -0.01 / 0.27; +0.03 / 0.21 |")
+
+
+def test_host_steal_over_every_step_is_reported_where_the_runs_recorded_it(tmp_path: Path, capsys) -> None:
+    def res(*steal: float | None) -> dict:
+        return {"resources": {"colocated": {"0.5": {"machine_steal_cores": steal[0]}, "3.0": {}},
+                              "disaggregated": {"0.5": {"machine_steal_cores": steal[1]},
+                                                "3.0": {"machine_steal_cores": steal[2]}}}}
+
+    dirs = [_run(tmp_path, "auto", 0, {"0.5": 30, "3.0": 20}, {"0.5": 30, "3.0": 21}, **res(0.1, 0.4, 0.2)),
+            _run(tmp_path, "always", 0, {"0.5": 29, "3.0": 15}, {"0.5": 30, "3.0": 22})]  # an old run: none
+    assert seeds.summarise(seeds.load(dirs))["steal"] == {"steps": 3, "median_cores": 0.2, "max_cores": 0.4}
+    assert seeds.main([str(d) for d in dirs]) == 0
+    assert "over the 3 steps: median 0.20, max 0.40" in capsys.readouterr().out
+    assert seeds.summarise(seeds.load(dirs[1:]))["steal"] is None
