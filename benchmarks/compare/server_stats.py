@@ -149,10 +149,12 @@ def prediction_summary(entries: Sequence[Sequence[float | None]]) -> dict[str, A
     """The router's predictions next to the measurements (routing -> first token; TPOT) at p50 and p90,
     and the p50/p90 ratio predicted/measured, for the requests of one step; and per request, the error
     ln(measured / predicted): its mean (bias; > 0: slower than predicted) and standard deviation (spread,
-    what the router's `prediction_sigma` assumes), and every (predicted, measured) pair."""
+    what the router's `prediction_sigma` assumes), and every (predicted, measured) pair with where its prompt was
+    prefilled (`placements`: remote:<why> / local:<why> / colocated, from routers that report it)."""
     out: dict[str, Any] = {"count": len(entries)}
     for name, i in (("ttft", 1), ("tpot", 3)):
-        pairs = [(e[i], e[i + 1]) for e in entries if e[i] is not None and e[i + 1] is not None]
+        kept = [e for e in entries if e[i] is not None and e[i + 1] is not None]
+        pairs = [(e[i], e[i + 1]) for e in kept]
         if not pairs:
             continue
         pred, meas = LatencySummary.of([p for p, _ in pairs]), LatencySummary.of([m for _, m in pairs])
@@ -161,6 +163,8 @@ def prediction_summary(entries: Sequence[Sequence[float | None]]) -> dict[str, A
                      "p50_ratio": round(pred.p50 / meas.p50, 3) if meas.p50 else None,
                      "p90_ratio": round(pred.p90 / meas.p90, 3) if meas.p90 else None,
                      **log_errors(pairs), "pairs": [[p, m] for p, m in pairs]}
+        if all(len(e) > 5 for e in kept):
+            out[name]["placements"] = [e[5] for e in kept]
     return out
 
 

@@ -39,6 +39,23 @@ def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
             "(`ray start --head --port=...`, or `ray up`) or fix --address / ray.address / RAY_ADDRESS") from None
 
 
+def use_loopback() -> dict[str, str]:
+    """Set LOOPBACK_ENV in this process (values already set win) and return it, for an embedded Ray's processes.
+
+    NOTE: Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, when it is first imported, and the deploy and
+    benchmark paths import it (cluster/control/pools.py) before they connect: with the variable set only then,
+    ray.init(_node_ip_address="127.0.0.1") still resolved "127.0.0.1" to the host's interface address, and
+    the GCS and Ray's agents bound it (seen 2026-12-06: --node-ip-address=192.0.2.2). The constant is set
+    again here for a Ray imported earlier."""
+    os.environ.update({k: os.environ.get(k, v) for k, v in LOOPBACK_ENV.items()})
+    import sys
+
+    consts = sys.modules.get("ray._private.ray_constants")
+    if consts is not None:
+        consts.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"].lower() in ("1", "true")
+    return {k: os.environ[k] for k in LOOPBACK_ENV}
+
+
 def connect(address: str | None, *, num_cpus: int | None, object_store_mib: int, namespace: str) -> bool:
     """Connect to Ray. Returns True when this process started an embedded local cluster."""
     import ray
@@ -51,8 +68,7 @@ def connect(address: str | None, *, num_cpus: int | None, object_store_mib: int,
         check_reachable(address)
         ray.init(address=address, namespace=namespace, logging_level=logging.WARNING, log_to_driver=False)
         return False
-    os.environ.update({k: os.environ.get(k, v) for k, v in LOOPBACK_ENV.items()})
-    env_vars = {k: os.environ[k] for k in LOOPBACK_ENV}
+    env_vars = use_loopback()
     cpus = num_cpus or max(4, (os.cpu_count() or 2) + 2)
     # NOTE: address="local" always starts a new cluster; without it ray.init() attaches to whatever
     # `ray start` last left in /tmp/ray/ray_current_cluster, even a stale one.

@@ -78,9 +78,9 @@ class GoodputPolicy(LocalPrefill, Policy):
             raise ValueError(f"goodput policy: disaggregation={disaggregation!r} must be auto, always or never")
         self.disaggregation = disaggregation
         self.placements: Counter[str] = Counter()  # "remote:<why>" / "local:<why>" per admitted decision
-        # NOTE: (seq, predicted TTFT, measured TTFT, predicted TPOT, measured TPOT) of finished requests, so a
-        # benchmark can set the router's predictions next to what happened (GET /v1/stats)
-        self.predictions: deque[tuple[int, float, float, float | None, float | None]] = deque(maxlen=512)
+        # NOTE: (seq, predicted TTFT, measured TTFT, predicted TPOT, measured TPOT, placement) of finished requests,
+        # so a benchmark can set the router's predictions next to what happened and where (GET /v1/stats)
+        self.predictions: deque[tuple[int, float, float, float | None, float | None, str]] = deque(maxlen=512)
         self._seq = 0
         for name, v, lo, hi in (("sigma", sigma, 1e-3, 5.0), ("admit_probability", admit_probability, 0, 1),
                                 ("ewma_alpha", ewma_alpha, 1e-6, 1), ("tie_probability", tie_probability, 0, 1),
@@ -476,7 +476,7 @@ class GoodputPolicy(LocalPrefill, Policy):
             p_tpot = decision.predicted_tpot_s
             self.predictions.append((self._seq, round(pred, 4), round(ttft_s, 4),
                                      None if p_tpot is None or not math.isfinite(p_tpot) else round(p_tpot, 5),
-                                     None if tpot_s is None else round(tpot_s, 5)))
+                                     None if tpot_s is None else round(tpot_s, 5), decision.placement or "colocated"))
         pred = decision.predicted_tpot_s
         if decision.decode and pred and math.isfinite(pred) and tpot_s:
             st = self._state(decision.decode)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict
 
 import pytest
@@ -91,3 +92,21 @@ def test_prediction_summary_reports_the_per_request_log_error_mean_and_spread() 
     four = prediction_summary(entries[:4])["ttft"]
     assert four["log_error_mean"] == pytest.approx(0, abs=1e-3)
     assert four["log_error_sd"] == pytest.approx(math.sqrt(0.05), abs=1e-3)
+
+
+def test_prediction_summary_keeps_where_each_prompt_was_prefilled() -> None:
+    from benchmarks.compare.server_stats import prediction_summary
+    from cluster.router import RouteRequest, make_policy
+    from engine.stats import WorkerStats
+
+    p = make_policy("goodput", disaggregation="auto")
+    now = time.time()
+    pre = [WorkerStats("p0", "prefill", "", 0, 0, 0, 0, 0.0, 5760, (), True, now)]
+    dec = [WorkerStats("d0", "decode", "", 0, 0, 0, 0, 0.0, 5760, (), True, now)]
+    for prompt in (40, 900):  # NOTE: a short prompt on the idle decode worker, a long one on the prefill worker
+        d = p(RouteRequest(prompt, 16, 2.0, 0.2), pre, dec)
+        p.observe(d, RouteRequest(prompt, 16, 2.0, 0.2), 0.3, 0.05)
+    s = prediction_summary(list(p.predictions))
+    assert s["ttft"]["placements"] == [e[5] for e in p.predictions] == ["local:idle decode", "remote:cheaper"]
+    old = prediction_summary([e[:5] for e in p.predictions])  # NOTE: a router that does not report them
+    assert "placements" not in old["ttft"] and len(old["ttft"]["pairs"]) == 2

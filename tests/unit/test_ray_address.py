@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -40,3 +41,18 @@ def test_the_cli_names_the_unreachable_address_and_exits_1(cmd):
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"cannot reach the Ray cluster at '{address}'" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert time.monotonic() - t0 < 60
+
+
+def test_an_embedded_ray_stays_on_loopback_even_when_ray_was_imported_first():
+    """Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER at import; the deploy path imports it before it connects. Then
+    "127.0.0.1" still has to resolve to itself, not to the host's interface address (what Ray's GCS and agents
+    bind). Run in a fresh interpreter with the variable unset, as a user's shell has it."""
+    code = ("import ray\n"
+            "from ray._private import services\n"
+            "from cluster.control.runtime import use_loopback\n"
+            "use_loopback()\n"
+            "print(services.resolve_ip_for_localhost('127.0.0.1'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "127.0.0.1", out.stdout
