@@ -39,16 +39,27 @@ def side_by_side(colocated: Sequence[dict[str, Any]], disaggregated: Sequence[di
     return rows
 
 
-def foreign_load(resources: Resources, limit: float) -> dict[str, Any]:
-    """Steps during which processes that are not ours used more than ``limit`` cores (shared box), of
-    every variant in ``resources``."""
+def foreign_load(resources: Resources, limit: float, steal_limit: float | None = None) -> dict[str, Any]:
+    """Steps during which processes that are not ours used more than ``limit`` cores (shared box), or the host
+    took more than ``steal_limit`` (steal; None: runs from before it was checked), of every variant in
+    ``resources``."""
+    def cores(res: dict[str, Any], key: str) -> float:
+        return res.get(key) or 0.0
+
     def over(res: dict[str, Any]) -> bool:
-        return (res.get("machine_other_cores") or 0.0) > limit
+        return cores(res, "machine_other_cores") > limit or (
+            steal_limit is not None and cores(res, "machine_steal_cores") > steal_limit)
 
     flagged = sorted({rate for m in resources for rate, res in resources[m].items() if over(res)})
     worst = {f"{m} {rate:g}": res.get("machine_other_cores") for m in resources
-             for rate, res in sorted(resources[m].items()) if over(res)}
-    return {"limit_cores": limit, "rates": flagged, "steps": worst}
+             for rate, res in sorted(resources[m].items()) if cores(res, "machine_other_cores") > limit}
+    out: dict[str, Any] = {"limit_cores": limit, "rates": flagged, "steps": worst}
+    if steal_limit is not None:
+        out["steal_limit_cores"] = steal_limit
+        out["steal_steps"] = {f"{m} {rate:g}": res["machine_steal_cores"] for m in resources
+                              for rate, res in sorted(resources[m].items())
+                              if cores(res, "machine_steal_cores") > steal_limit}
+    return out
 
 
 def slo_sweep(records: dict[str, dict[float, list[dict[str, Any]]]], durations: dict[str, dict[float, float]],

@@ -44,7 +44,8 @@ def assemble(raw: dict[str, Any], dollars_per_hour: float | None = None) -> dict
     parts = {m: dict(p, resources={r: {k: v for k, v in res.items() if k != "samples"}
                                    for r, res in p.get("resources", {}).items()}) for m, p in parts.items()}
     report["resources"] = {m: parts[m]["resources"] for m in MODES}
-    report["foreign_load"] = foreign_load(report["resources"], report.get("foreign_limit", FOREIGN_LIMIT))
+    report["foreign_load"] = foreign_load(report["resources"], report.get("foreign_limit", FOREIGN_LIMIT),
+                                         report.get("steal_limit"))
     report["slo_capacity"] = {m: slo_capacity(rates, [r[m]["attainment"] for r in rows], report["attainment_target"])
                               for m in MODES}
     report["findings"] = findings(rows, report["resources"], slo, report["attainment_target"])

@@ -21,7 +21,7 @@ from benchmarks.compare.planner import planner_table, predict_steps
 from benchmarks.compare.plots import plot_rates
 from benchmarks.compare.provenance import REPO, Provenance
 from benchmarks.compare.quality_check import offline_outputs, quality_table
-from benchmarks.compare.quiet import FOREIGN_LIMIT, QuietBudget
+from benchmarks.compare.quiet import FOREIGN_LIMIT, STEAL_LIMIT, QuietBudget
 from benchmarks.compare.runner import run_in_turn, run_variant
 from benchmarks.compare.shapes import (
     DEFAULT_PROFILE,
@@ -84,8 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
            "deployment exactly as it starts")
     a("--foreign-limit", type=float, default=FOREIGN_LIMIT,
       help="cores other processes may use during a step before it counts as disturbed (shared machines)")
+    a("--steal-limit", type=float, default=STEAL_LIMIT,
+      help="cores the hypervisor may take for other guests (steal) during a step before it counts as disturbed "
+           "(shared VMs)")
     a("--quiet-wait", type=float, default=120.0,
-      help="seconds in all the run may wait, before steps, for other processes to drop under --foreign-limit")
+      help="seconds in all the run may wait, before steps, for other processes and steal to drop under their limits")
     a("--retries", type=int, default=2, help="disturbed steps the run may repeat in all (the cleanest attempt is kept)")
     a("--probe-requests", type=int, default=5, help="sequential requests on the idle deployment before the sweep")
     a("--policy", default="least_loaded", choices=("least_loaded", "round_robin", "goodput"), help="router policy")
@@ -164,7 +167,8 @@ def _header(args: argparse.Namespace, prov: Provenance, rates: list[float], traf
             "workload": dict(vars(traffic.workload)),
             "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo}, "attainment_target": args.attainment_target,
             "tpot_targets": args.tpot_targets, "profile": os.path.relpath(args.profile, REPO),
-            "foreign_limit": args.foreign_limit, "engine_affinity": args.engine_affinity,
+            "foreign_limit": args.foreign_limit, "steal_limit": args.steal_limit,
+            "engine_affinity": args.engine_affinity,
             "prefix_caching": args.prefix_caching,
             "engine": {"max_model_len": args.max_model_len, "kv_cache_mib": args.kv_cache_mib},
             "shapes": shapes(args)}
@@ -251,7 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     budget = QuietBudget(float(args.quiet_wait), args.retries)
     opts = RunOptions(slo=slo, request_timeout_s=args.request_timeout, foreign_limit=args.foreign_limit,
-                      reset_affinity=args.engine_affinity == "all", probe_requests=args.probe_requests,
+                      steal_limit=args.steal_limit, reset_affinity=args.engine_affinity == "all",
+                      probe_requests=args.probe_requests,
                       probe_input_len=args.input_len or (1536 if args.workload == "longdoc" else 256),
                       quality=not args.no_quality, out_dir=out_dir, prog=" ".join(PROG),
                       progress=None if args.no_progress else ProgressLine(), say=_say)

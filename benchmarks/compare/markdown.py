@@ -106,9 +106,14 @@ def _run_notes(report: dict[str, Any]) -> list[str]:
         md += [f"(!) other people's processes used more than {fl['limit_cores']:g} cores of this 2-core box during "
                "these steps (cores: " + ", ".join(f"{k} {v:.2f}" for k, v in fl["steps"].items())
                + "); read those rows with care.", ""]
+    if fl.get("steal_steps"):
+        md += [f"(!) the hypervisor took more than {fl['steal_limit_cores']:g} cores from this VM (steal) during these "
+               "steps (cores: " + ", ".join(f"{k} {v:.2f}" for k, v in fl["steal_steps"].items())
+               + "), the retries being spent; read those rows with care.", ""]
     modes = report["modes"]
-    redo = [f"{m} {d['rate']:g} (not ours {d['machine_other_cores']:.2f} cores, attainment {d['attainment']:.0%})"
-            for m in MODES for d in modes[m].get("discarded_attempts", [])]
+    redo = [f"{m} {d['rate']:g} (not ours {d['machine_other_cores']:.2f} cores"
+            + ("" if d.get("machine_steal_cores") is None else f", steal {d['machine_steal_cores']:.2f}")
+            + f", attainment {d['attainment']:.0%})" for m in MODES for d in modes[m].get("discarded_attempts", [])]
     if redo:
         md += ["Attempts discarded for a cleaner repeat of the same step: " + "; ".join(redo) + ".", ""]
     probes = {m: modes[m].get("idle_probe") for m in MODES}

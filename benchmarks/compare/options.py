@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.compare.quiet import FOREIGN_LIMIT
+from benchmarks.compare.quiet import FOREIGN_LIMIT, STEAL_LIMIT
 from benchmarks.serve import ProgressFn
 from benchmarks.stats import SLO, CostModel
 
@@ -27,6 +27,8 @@ class RunOptions:
     """Gives every step's summary $/M input and output tokens."""
     foreign_limit: float = FOREIGN_LIMIT
     """Cores other processes may use during a step before it counts as disturbed (and is repeated)."""
+    steal_limit: float = STEAL_LIMIT
+    """Cores the host may steal during a step before it counts as disturbed (and is repeated)."""
     reset_affinity: bool = True
     """Re-allow every engine thread on every CPU after deploy (see benchmarks/compare/affinity.py)."""
     probe_requests: int = 5

@@ -74,6 +74,12 @@ def foreign_now(window_s: float = 3.0) -> float:
     return max(0.0, (busy1 - busy0) / window_s - ours)
 
 
+def quiet_now(window_s: float = 3.0) -> tuple[float, float]:
+    """(cores used by processes outside this run's tree, cores the host stole) over the next ``window_s`` s."""
+    steal = Steal()
+    return foreign_now(window_s), steal.cores()
+
+
 class Steal:
     """Cores the hypervisor took for other guests since creation (`cores()`): on a shared VM our processes wait
     that long without any process of this machine running."""

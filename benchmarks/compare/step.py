@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from benchmarks.compare.fmt import fmt_key, fmt_ms
 from benchmarks.compare.options import RunOptions
 from benchmarks.compare.procstat import Steal, cpu_breakdown, cpu_snapshot
-from benchmarks.compare.quiet import QuietBudget, wait_quiet
+from benchmarks.compare.quiet import QuietBudget, disturbed, lost_cores, wait_quiet
 from benchmarks.compare.server_stats import (
     StatsSampler,
     compact_samples,
@@ -68,7 +68,7 @@ def attempt_note(key: float | str, attempt: Attempt) -> dict[str, Any]:
     """What a discarded attempt measured (kept in the report: nothing measured is hidden)."""
     s = attempt.result.steps[0].summary
     return {"rate": key, "machine_other_cores": attempt.resources["machine_other_cores"],
-            "attainment": s.attainment, "goodput_rps": s.goodput_rps, "ttft_p90": s.ttft.p90,
+            "machine_steal_cores": attempt.resources.get("machine_steal_cores"), "attainment": s.attainment, "goodput_rps": s.goodput_rps, "ttft_p90": s.ttft.p90,
             "tpot_p90": s.tpot.p90}
 
 
@@ -85,15 +85,15 @@ class Replayed:
 
 def best_attempt(endpoint: str, model: str, step: Step, engines: dict[int, str], opts: RunOptions,
                  budget: QuietBudget, warmup: bool, label: str, out: Replayed) -> Attempt:
-    """Run ``step`` until an attempt is undisturbed or the budget is spent; the attempt with the least
-    foreign CPU wins, the others go to ``out.discarded``."""
+    """Run ``step`` until an attempt is undisturbed (foreign CPU and host steal under their limits) or the budget
+    is spent; the attempt that lost the fewest cores to both wins, the others go to ``out.discarded``."""
     best: Attempt | None = None
     while True:
-        gate = wait_quiet(budget, opts.foreign_limit)
+        gate = wait_quiet(budget, opts.foreign_limit, opts.steal_limit)
         att = measure_step(endpoint, model, step, engines, opts, warmup and best is None)
         att.resources["quiet_gate"] = gate
-        foreign = att.resources["machine_other_cores"]
-        if best is None or foreign < best.resources["machine_other_cores"]:
+        foreign, steal = att.resources["machine_other_cores"], att.resources["machine_steal_cores"]
+        if best is None or lost_cores(att.resources) < lost_cores(best.resources):
             if best is not None:
                 out.discarded.append(attempt_note(step.key, best))
             best = att
@@ -103,13 +103,12 @@ def best_attempt(endpoint: str, model: str, step: Step, engines: dict[int, str],
         engine_cores = {k[7:]: v for k, v in att.resources["cpu_cores"].items() if k.startswith("engine ")}
         opts.say(f"[{label}] rate {fmt_key(step.key)}: attainment {s.attainment:.0%}, goodput "
                  f"{s.goodput_rps:.3f} req/s, TTFT p90 {fmt_ms(s.ttft.p90)} ms, TPOT p90 {fmt_ms(s.tpot.p90)} ms, "
-                 f"engine cores {engine_cores}, not ours {foreign:.2f}, host steal "
-                 f"{att.resources['machine_steal_cores']:.2f}")
-        if foreign <= opts.foreign_limit or budget.retries_left <= 0:
+                 f"engine cores {engine_cores}, not ours {foreign:.2f}, host steal {steal:.2f}")
+        if not disturbed(att.resources, opts.foreign_limit, opts.steal_limit) or budget.retries_left <= 0:
             return best
         budget.retries_left -= 1
-        opts.say(f"[{label}] rate {fmt_key(step.key)}: other processes used {foreign:.2f} cores; "
-                 "running the step again")
+        opts.say(f"[{label}] rate {fmt_key(step.key)}: other processes used {foreign:.2f} cores, the host took "
+                 f"{steal:.2f}; running the step again")
 
 
 def replay_steps(endpoint: str, model: str, steps: Sequence[Step], engines: dict[int, str], opts: RunOptions,

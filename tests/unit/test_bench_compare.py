@@ -343,6 +343,60 @@ def test_foreign_load_flags_steps_with_other_peoples_cpu() -> None:
     assert "| 0.5 (!) |" in cmp.goodput_table(rows, fl["rates"])
 
 
+def test_foreign_load_flags_steps_the_host_stole_from_only_when_the_run_set_a_steal_limit() -> None:
+    res = {"colocated": {0.5: {"machine_other_cores": 0.0, "machine_steal_cores": 0.3}},
+           "disaggregated": {0.5: {"machine_other_cores": 0.0, "machine_steal_cores": 0.02},
+                             1.5: {"machine_other_cores": 0.0, "machine_steal_cores": 0.12}}}
+    fl = cmp.foreign_load(res, 0.25, 0.1)
+    assert fl["rates"] == [0.5, 1.5] and fl["steps"] == {}
+    assert fl["steal_steps"] == {"colocated 0.5": 0.3, "disaggregated 1.5": 0.12}
+    old = cmp.foreign_load(res, 0.25)  # NOTE: a run from before the steal limit rebuilds as it was
+    assert old["rates"] == [] and "steal_steps" not in old
+
+
+def test_wait_quiet_waits_out_host_steal_within_its_budget() -> None:
+    from benchmarks.compare.quiet import QuietBudget, wait_quiet
+
+    readings = iter([(0.0, 0.4), (0.0, 0.3), (0.05, 0.02)])
+    budget = QuietBudget(wait_left=10.0, retries_left=0)
+    gate = wait_quiet(budget, 0.25, 0.1, window_s=1.0, measure=lambda w: next(readings))
+    assert gate["steal_cores_at_start"] == 0.02 and gate["foreign_cores_at_start"] == 0.05
+    assert budget.wait_left == 8.0
+    stuck = QuietBudget(wait_left=2.0, retries_left=0)
+    gate = wait_quiet(stuck, 0.25, 0.1, window_s=1.0, measure=lambda w: (0.0, 0.5))
+    assert gate["steal_cores_at_start"] == 0.5 and stuck.wait_left == 0.0  # NOTE: bounded: gives up
+
+
+def test_a_step_the_host_stole_from_is_repeated_and_the_cleaner_attempt_kept(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from benchmarks.compare import step as step_mod
+    from benchmarks.compare.options import RunOptions
+    from benchmarks.compare.quiet import QuietBudget
+    from benchmarks.stats import SLO
+
+    def attempt(other: float, steal: float, att: float) -> step_mod.Attempt:
+        summ = SimpleNamespace(attainment=att, goodput_rps=att, ttft=SimpleNamespace(p90=1.0),
+                               tpot=SimpleNamespace(p90=0.1))
+        return step_mod.Attempt(SimpleNamespace(steps=[SimpleNamespace(summary=summ)]),
+                                {"machine_other_cores": other, "machine_steal_cores": steal, "cpu_cores": {}})
+
+    runs = iter([attempt(0.0, 0.3, 0.6), attempt(0.05, 0.02, 0.9), attempt(0.0, 0.0, 1.0)])
+    monkeypatch.setattr(step_mod, "measure_step", lambda *a: next(runs))
+    monkeypatch.setattr(step_mod, "wait_quiet", lambda *a: {"waited_s": 0.0})
+    opts, out = RunOptions(slo=SLO(2.0, 0.15), say=lambda line: None), step_mod.Replayed()
+    budget = QuietBudget(wait_left=0.0, retries_left=2)
+    got = step_mod.best_attempt("http://127.0.0.1:1", "m", SimpleNamespace(key=0.5), {}, opts, budget, False,
+                                "x", out)
+    assert got.resources["machine_steal_cores"] == 0.02 and budget.retries_left == 1
+    assert [d["machine_steal_cores"] for d in out.discarded] == [0.3]
+    # NOTE: with no retries left, a stolen-from step is kept as it is (and flagged in the report)
+    runs = iter([attempt(0.0, 0.3, 0.6)])
+    got = step_mod.best_attempt("http://127.0.0.1:1", "m", SimpleNamespace(key=1.5), {}, opts,
+                                QuietBudget(0.0, 0), False, "x", out)
+    assert got.resources["machine_steal_cores"] == 0.3
+
+
 # ---------------------------------------------------------------------------------------------------
 # The generic pieces a later comparison reuses: variants, traffic, planner over any variant, runner
 # ---------------------------------------------------------------------------------------------------
