@@ -289,6 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dollars-per-hour", type=float, default=0.10, help="price of the box")
     p.add_argument("--only", help="comma list of deployments to run (default: all)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet-wait", type=float, default=120.0,
+                   help="seconds in all the run may wait, before steps, for other processes and host steal to drop "
+                        "under their limits")
+    p.add_argument("--retries", type=int, default=2,
+                   help="disturbed steps the run may repeat in all (the cleanest attempt is kept)")
+    p.add_argument("--eval-prompts", type=int, default=None,
+                   help="greedy-compare only the eval set's first N prompts (default: all 20)")
     p.add_argument("--out", help="directory for report.md, report.json, raw.json and optimizations.png")
     return p
 
@@ -299,10 +306,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    evalp = 1 if args.eval_prompts is None else args.eval_prompts
     for flag, v in (("--num-requests", args.num_requests), ("--ttft-slo", args.ttft_slo),
-                    ("--tpot-slo", args.tpot_slo)):
+                    ("--tpot-slo", args.tpot_slo), ("--eval-prompts", evalp)):
         if not v > 0:
             parser.error(f"{flag} {v} must be > 0")
+    if args.quiet_wait < 0 or args.retries < 0:
+        parser.error(f"--quiet-wait {args.quiet_wait:g} and --retries {args.retries} must be >= 0")
     names = [d.variant.name for d in DEPLOYS]
     only = [n.strip() for n in (args.only or ",".join(names)).split(",") if n.strip()]
     if not only or any(n not in names for n in only):
@@ -311,8 +321,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     prov = Provenance.start(PROG, argv)
     out_dir = Path(args.out) if args.out else None
     slo = SLO(args.ttft_slo, args.tpot_slo)
-    opts = RunOptions(slo=slo, probe_requests=0, out_dir=out_dir, prog=" ".join(PROG), say=lambda s: print(s, flush=True))
-    budget = QuietBudget(120.0, 2)
+    opts = RunOptions(slo=slo, probe_requests=0, out_dir=out_dir, prog=" ".join(PROG), quality_prompts=args.eval_prompts,
+                      say=lambda s: print(s, flush=True))
+    budget = QuietBudget(args.quiet_wait, args.retries)
     base = base_config(args, free_port())
     by_name = {d.variant.name: d for d in deploys}
 
@@ -333,6 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     metrics = {n: step_metrics(p, by_name[n].workloads) for n, p in parts.items()}
     report = {**prov.start_fields(), "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo},
               "dollars_per_hour": args.dollars_per_hour, "num_requests": args.num_requests, "seed": args.seed,
+              "eval_prompts": args.eval_prompts,
               "workloads": {w: {"rate": r, "about": a, "spec": dict(vars(wl)) if not isinstance(wl, PromptSetWorkload)
                                 else {"prompts": len(wl.items)}} for w, (wl, r, a) in WORKLOADS.items()},
               "deploys": [{"name": n, "config": p.get("config"), "startup_s": p.get("startup_s")}

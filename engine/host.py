@@ -74,15 +74,18 @@ class EngineHost:
             kv_kwargs = kv_transfer_kwargs(self.role, self.engine_id, self.device, tcfg)
         # NOTE: vLLM's EngineCore is a spawned child; it inherits os.environ at spawn time.
         os.environ.update(env)
+        from engine.models import resolve_model, served_name
+
+        # NOTE: before vLLM's import (15-40 s on a busy 2-core box): a model directory missing on this node fails
+        # the worker at once, not after the import
+        model_dir = resolve_model(self.cfg.model)
         t_import = time.monotonic()
         from vllm import AsyncEngineArgs
         from vllm.config import KVTransferConfig
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from engine.models import resolve_model, served_name
         from engine.statlog import EngineTotals, make_stat_logger_factory
 
-        model_dir = resolve_model(self.cfg.model)
         self.model_name = self.cfg.served_model_name or served_name(self.cfg.model)
         kwargs = self.cfg.engine_kwargs(str(model_dir), self.model_name)
         if kv_kwargs is not None:

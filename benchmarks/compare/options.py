@@ -37,6 +37,8 @@ class RunOptions:
     """Prompt tokens of each probe request (the CLI: the workload's median input)."""
     quality: bool = True
     """Greedy outputs of the eval set from each variant's endpoint."""
+    quality_prompts: int | None = None
+    """Only the eval set's first prompts (None: all of them)."""
     extra: Callable[[str, str], dict[str, Any]] | None = None
     """A measurement of the ready, idle deployment (endpoint, model) -> its figures, kept as the variant's
     ``extra`` (e.g. task accuracy); after the greedy eval set, before the steps."""

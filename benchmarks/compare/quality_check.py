@@ -51,11 +51,14 @@ class TokenIdsOnly(httpx.BaseTransport):
         self._inner.close()
 
 
-def endpoint_outputs(endpoint: str, model: str, timeout_s: float) -> list[dict[str, Any]]:
-    """Greedy outputs of the eval set from one of our endpoints, compared by token id."""
+def endpoint_outputs(endpoint: str, model: str, timeout_s: float, limit: int | None = None) -> list[dict[str, Any]]:
+    """Greedy outputs of the eval set (its first `limit` prompts; None: all) from one of our endpoints, compared
+    by token id."""
     from benchmarks.quality import endpoint_greedy, load_evalset
 
-    outs = endpoint_greedy(endpoint, model, load_evalset(), timeout_s=timeout_s, transport=TokenIdsOnly())
+    prompts = load_evalset()
+    outs = endpoint_greedy(endpoint, model, prompts if limit is None else prompts[:limit], timeout_s=timeout_s,
+                           transport=TokenIdsOnly())
     return [asdict(o) for o in outs]
 
 

@@ -76,7 +76,8 @@ def run_variant(name: str, deployment: Deployment, steps: Sequence[Step], opts: 
         opts.say(f"[{name}] ready in {dep.startup_s:.1f} s at {dep.endpoint} (model {dep.model!r})")
         if opts.quality:
             tq = time.monotonic()
-            part["quality_outputs"] = endpoint_outputs(dep.endpoint, dep.model, opts.request_timeout_s)
+            part["quality_outputs"] = endpoint_outputs(dep.endpoint, dep.model, opts.request_timeout_s,
+                                                         opts.quality_prompts)
             part["quality_s"] = round(time.monotonic() - tq, 1)
             opts.say(f"[{name}] greedy eval set done in {part['quality_s']} s")
         if opts.extra is not None:

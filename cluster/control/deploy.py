@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -149,6 +150,40 @@ def _ingress_failure(app: str, pools: Any, e: BaseException) -> str:
     return f"the ingress (Ray Serve app {app!r}) failed to start: {str(e).strip().splitlines()[-1][:300]}{why}"
 
 
+def _run_ingress(run: Any, app: str, started: Any, timeout_s: float) -> None:
+    """Deploy the Serve app (`run`, blocking until its replica is up) while watching the pools' start
+    (`started`): an engine that fails ends the wait at once with its own error, not once the ingress replica
+    is up (~30 s on a busy 2-core box, while the engines load).
+
+    NOTE: `run` goes to a daemon thread: after a failure here the caller deletes the app, and a thread still
+    waiting in Serve for it must not keep the process alive."""
+    import ray
+
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            run()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            errors.append(e)
+
+    runner = threading.Thread(target=target, name="serve-run", daemon=True)
+    runner.start()
+    deadline, watching = time.monotonic() + timeout_s, True
+    while runner.is_alive():
+        runner.join(0.25)
+        if watching and runner.is_alive() and ray.wait([started], timeout=0)[0]:
+            watching = False  # NOTE: the pools finished first: their error now, their result later
+            try:
+                ray.get(started, timeout=10)
+            except ray.exceptions.RayTaskError as e:
+                raise RuntimeError(str(getattr(e, "cause", None) or e)) from None
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the ingress (Ray Serve app {app!r}) did not start within {timeout_s:.0f}s")
+    if errors:
+        raise RuntimeError(_ingress_failure(app, started, errors[0])) from None
+
+
 def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
     """Start pools and the Serve app on the connected Ray cluster. Returns a description.
 
@@ -190,11 +225,9 @@ def start(cfg: DeployConfig, *, ready_timeout_s: float = 600) -> dict[str, Any]:
                 serve.start(proxy_location="Disabled")  # NOTE: the ingress replica is the HTTP server
             else:
                 serve.start(http_options={"host": cfg.serve.host, "port": proxy_port(cfg)})
-            try:
-                serve.run(Ingress.bind(cfg.model_dump(), name), name=cfg.name,
-                          route_prefix=cfg.serve.route_prefix, blocking=False)
-            except Exception as e:  # noqa: BLE001 - reported with its root cause below
-                raise RuntimeError(_ingress_failure(cfg.name, started, e)) from None
+            _run_ingress(lambda: serve.run(Ingress.bind(cfg.model_dump(), name), name=cfg.name,
+                                           route_prefix=cfg.serve.route_prefix, blocking=False),
+                         cfg.name, started, ready_timeout_s)
             timings["serve_s"] = time.monotonic() - t0
             if fabric is not None:
                 fabric.result(timeout=cfg.engine.startup_timeout_s)

@@ -113,3 +113,16 @@ def test_prefix_routing_rows_show_the_share_of_prompt_tokens_sent_to_their_cache
     assert rows["multiturn"]["prefix_hits"] == {"base": None, "opt": 0.75}
     assert rows["chat"]["prefix_hits"]["opt"] == 0.0
     assert "routed to their cached prefix 75%" in opt.summary_table(list(rows.values()))
+
+
+def test_a_bad_eval_prompt_count_is_refused_before_anything_starts(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        opt.main(["--eval-prompts", "0"])
+    assert exc.value.code == 2 and "--eval-prompts 0 must be > 0" in capsys.readouterr().err
+
+
+def test_negative_quiet_wait_or_retries_are_refused(capsys) -> None:
+    for argv in (["--quiet-wait", "-1"], ["--retries", "-1"]):
+        with pytest.raises(SystemExit) as exc:
+            opt.main(argv)
+        assert exc.value.code == 2 and "must be >= 0" in capsys.readouterr().err
