@@ -40,7 +40,7 @@ from benchmarks.compare.options import RunOptions
 from benchmarks.compare.outcomes import cost_model
 from benchmarks.compare.provenance import Provenance, header_lines
 from benchmarks.compare.quality_check import quality_comparisons
-from benchmarks.compare.quiet import QuietBudget
+from benchmarks.compare.quiet import QuietBudget, add_budget_flags
 from benchmarks.compare.runner import run_in_turn, run_variant
 from benchmarks.compare.traffic import Step, Traffic
 from benchmarks.compare.variant import Variant
@@ -289,11 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dollars-per-hour", type=float, default=0.10, help="price of the box")
     p.add_argument("--only", help="comma list of deployments to run (default: all)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quiet-wait", type=float, default=120.0,
-                   help="seconds in all the run may wait, before steps, for other processes and host steal to drop "
-                        "under their limits")
-    p.add_argument("--retries", type=int, default=2,
-                   help="disturbed steps the run may repeat in all (the cleanest attempt is kept)")
+    add_budget_flags(p)
     p.add_argument("--eval-prompts", type=int, default=None,
                    help="greedy-compare only the eval set's first N prompts (default: all 20)")
     p.add_argument("--out", help="directory for report.md, report.json, raw.json and optimizations.png")

@@ -10,6 +10,7 @@ from typing import Any
 
 from benchmarks.compare.fmt import fmt_ms, fmt_ratio
 from benchmarks.compare.metrics import metrics_of, ratio, slo_capacity
+from benchmarks.compare.quiet import disturbed
 from benchmarks.compare.shapes import MODES, SHORT
 
 Resources = dict[str, dict[float, dict[str, Any]]]
@@ -43,22 +44,17 @@ def foreign_load(resources: Resources, limit: float, steal_limit: float | None =
     """Steps during which processes that are not ours used more than ``limit`` cores (shared box), or the host
     took more than ``steal_limit`` (steal; None: runs from before it was checked), of every variant in
     ``resources``."""
-    def cores(res: dict[str, Any], key: str) -> float:
-        return res.get(key) or 0.0
-
-    def over(res: dict[str, Any]) -> bool:
-        return cores(res, "machine_other_cores") > limit or (
-            steal_limit is not None and cores(res, "machine_steal_cores") > steal_limit)
-
-    flagged = sorted({rate for m in resources for rate, res in resources[m].items() if over(res)})
+    stolen = math.inf if steal_limit is None else steal_limit
+    flagged = sorted({rate for m in resources for rate, res in resources[m].items()
+                      if disturbed(res, limit, stolen)})
     worst = {f"{m} {rate:g}": res.get("machine_other_cores") for m in resources
-             for rate, res in sorted(resources[m].items()) if cores(res, "machine_other_cores") > limit}
+             for rate, res in sorted(resources[m].items()) if disturbed(res, limit, math.inf)}
     out: dict[str, Any] = {"limit_cores": limit, "rates": flagged, "steps": worst}
     if steal_limit is not None:
         out["steal_limit_cores"] = steal_limit
         out["steal_steps"] = {f"{m} {rate:g}": res["machine_steal_cores"] for m in resources
                               for rate, res in sorted(resources[m].items())
-                              if cores(res, "machine_steal_cores") > steal_limit}
+                              if disturbed(res, math.inf, steal_limit)}
     return out
 
 

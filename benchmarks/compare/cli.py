@@ -21,7 +21,7 @@ from benchmarks.compare.planner import planner_table, predict_steps
 from benchmarks.compare.plots import plot_rates
 from benchmarks.compare.provenance import REPO, Provenance
 from benchmarks.compare.quality_check import offline_outputs, quality_table
-from benchmarks.compare.quiet import FOREIGN_LIMIT, STEAL_LIMIT, QuietBudget
+from benchmarks.compare.quiet import FOREIGN_LIMIT, STEAL_LIMIT, QuietBudget, add_budget_flags
 from benchmarks.compare.runner import run_in_turn, run_variant
 from benchmarks.compare.shapes import (
     DEFAULT_PROFILE,
@@ -87,9 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--steal-limit", type=float, default=STEAL_LIMIT,
       help="cores the hypervisor may take for other guests (steal) during a step before it counts as disturbed "
            "(shared VMs)")
-    a("--quiet-wait", type=float, default=120.0,
-      help="seconds in all the run may wait, before steps, for other processes and steal to drop under their limits")
-    a("--retries", type=int, default=2, help="disturbed steps the run may repeat in all (the cleanest attempt is kept)")
+    add_budget_flags(p)
     a("--probe-requests", type=int, default=5, help="sequential requests on the idle deployment before the sweep")
     a("--policy", default="least_loaded", choices=("least_loaded", "round_robin", "goodput"), help="router policy")
     a("--disaggregation", default="always", choices=("auto", "always", "never"),

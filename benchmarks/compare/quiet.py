@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,16 +27,23 @@ class QuietBudget:
     retries_left: int
 
 
+def _wait(budget: QuietBudget, measure: Callable[[float], Any], busy: Callable[[Any], bool],
+          window_s: float) -> tuple[float, Any]:
+    """Wait (from ``budget.wait_left``) while ``busy(measure(window_s))``; returns (seconds waited, the last
+    reading). Bounded by the budget."""
+    t0 = time.monotonic()
+    reading = measure(window_s)
+    while busy(reading) and budget.wait_left > 0:
+        budget.wait_left -= window_s
+        reading = measure(window_s)
+    return max(0.0, time.monotonic() - t0 - window_s), reading
+
+
 def wait_under(budget: QuietBudget, limit: float, measure: Callable[[float], float] = foreign_now,
                window_s: float = 3.0) -> tuple[float, float]:
     """Wait (from ``budget.wait_left``) until ``measure(window_s)`` reads at most ``limit`` cores; returns
     (seconds waited, the last reading). Bounded by the budget."""
-    t0 = time.monotonic()
-    reading = measure(window_s)
-    while reading > limit and budget.wait_left > 0:
-        budget.wait_left -= window_s
-        reading = measure(window_s)
-    return max(0.0, time.monotonic() - t0 - window_s), reading
+    return _wait(budget, measure, lambda cores: cores > limit, window_s)
 
 
 def wait_quiet(budget: QuietBudget, limit: float, steal_limit: float = STEAL_LIMIT, window_s: float = 3.0,
@@ -43,13 +51,18 @@ def wait_quiet(budget: QuietBudget, limit: float, steal_limit: float = STEAL_LIM
     """Wait (from ``budget.wait_left``) until other processes use at most ``limit`` cores and the host steals at
     most ``steal_limit`` (``measure(window_s)``: both over a window); returns how long it waited and the last
     readings. Bounded by the budget."""
-    t0 = time.monotonic()
-    foreign, steal = measure(window_s)
-    while (foreign > limit or steal > steal_limit) and budget.wait_left > 0:
-        budget.wait_left -= window_s
-        foreign, steal = measure(window_s)
-    return {"waited_s": round(max(0.0, time.monotonic() - t0 - window_s), 1),
-            "foreign_cores_at_start": round(foreign, 3), "steal_cores_at_start": round(steal, 3)}
+    waited, (foreign, steal) = _wait(budget, measure, lambda r: r[0] > limit or r[1] > steal_limit, window_s)
+    return {"waited_s": round(waited, 1), "foreign_cores_at_start": round(foreign, 3),
+            "steal_cores_at_start": round(steal, 3)}
+
+
+def add_budget_flags(parser: argparse.ArgumentParser) -> None:
+    """--quiet-wait and --retries (a run's QuietBudget), for every benchmark CLI that replays steps."""
+    parser.add_argument("--quiet-wait", type=float, default=120.0,
+                        help="seconds in all the run may wait, before steps, for other processes and host steal to "
+                             "drop under their limits")
+    parser.add_argument("--retries", type=int, default=2,
+                        help="disturbed steps the run may repeat in all (the cleanest attempt is kept)")
 
 
 def lost_cores(resources: dict[str, Any]) -> float:

@@ -68,8 +68,8 @@ def attempt_note(key: float | str, attempt: Attempt) -> dict[str, Any]:
     """What a discarded attempt measured (kept in the report: nothing measured is hidden)."""
     s = attempt.result.steps[0].summary
     return {"rate": key, "machine_other_cores": attempt.resources["machine_other_cores"],
-            "machine_steal_cores": attempt.resources.get("machine_steal_cores"), "attainment": s.attainment, "goodput_rps": s.goodput_rps, "ttft_p90": s.ttft.p90,
-            "tpot_p90": s.tpot.p90}
+            "machine_steal_cores": attempt.resources.get("machine_steal_cores"), "attainment": s.attainment,
+            "goodput_rps": s.goodput_rps, "ttft_p90": s.ttft.p90, "tpot_p90": s.tpot.p90}
 
 
 @dataclass
