@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -86,10 +87,21 @@ def targets_from(lone_ttft: float, lone_tpot: float, off: list[dict]) -> dict[st
     return {"ttft_ms": round(max(TTFT_X * lone_ttft, burst_ttft) * 1000), "tpot_ms": round(TPOT_X * lone_tpot * 1000)}
 
 
+@dataclass(frozen=True)
+class IngressSpec:
+    """Another ingress on a deployment's pools: its app name, route prefix, router settings and other config
+    sections replaced."""
+    name: str
+    prefix: str
+    router: dict[str, Any]
+    sections: dict[str, Any] = field(default_factory=dict)
+
+
 @contextlib.contextmanager
-def ingress(deployment: dict[str, Any], name: str, prefix: str, router: dict, **sections: Any) -> Iterator[str]:
-    """Another ingress on `deployment`'s pools, under `prefix` on its own port, with `router` settings (and
-    other config sections replaced); its URL while the block runs."""
+def ingresses(deployment: dict[str, Any], specs: list[IngressSpec]) -> Iterator[list[str]]:
+    """Each spec's ingress on `deployment`'s pools, under its prefix on its own port; their URLs while the
+    block runs. All start at once (an ingress replica's start is mostly single-threaded imports: on two
+    cores two of them take little longer than one)."""
     from ray import serve
 
     from cluster.control.deploy import controller_name, endpoint_url, wait_until_healthy
@@ -97,17 +109,28 @@ def ingress(deployment: dict[str, Any], name: str, prefix: str, router: dict, **
     from kvtransfer.config import free_port
 
     base = deployment["config"]
-    cfg = base.model_copy(update={
-        "name": name, "router": base.router.model_copy(update=router),
-        "serve": base.serve.model_copy(update={"route_prefix": prefix, "port": free_port()}), **sections})
-    serve.run(Ingress.bind(cfg.model_dump(), controller_name(base)), name=cfg.name, route_prefix=prefix,
-              blocking=False)
+    cfgs = [base.model_copy(update={
+        "name": spec.name, "router": base.router.model_copy(update=spec.router),
+        "serve": base.serve.model_copy(update={"route_prefix": spec.prefix, "port": free_port()}),
+        **spec.sections}) for spec in specs]
     try:
-        url = endpoint_url(cfg)
-        wait_until_healthy(url, 120)
-        yield url
+        # NOTE: one call for all, so Serve deploys them side by side (serve.run waits for each app to run)
+        serve.run_many([serve.RunTarget(Ingress.bind(cfg.model_dump(), controller_name(base)), name=cfg.name,
+                                        route_prefix=spec.prefix) for cfg, spec in zip(cfgs, specs, strict=True)])
+        urls = [endpoint_url(cfg) for cfg in cfgs]
+        for url in urls:
+            wait_until_healthy(url, 120)
+        yield urls
     finally:
-        serve.delete(cfg.name)
+        for cfg in cfgs:
+            serve.delete(cfg.name)
+
+
+@contextlib.contextmanager
+def ingress(deployment: dict[str, Any], name: str, prefix: str, router: dict, **sections: Any) -> Iterator[str]:
+    """One more ingress on `deployment`'s pools (see `ingresses`); its URL while the block runs."""
+    with ingresses(deployment, [IngressSpec(name, prefix, router, sections)]) as (url,):
+        yield url
 
 
 def summary(rs: list[dict], targets: dict[str, float]) -> dict[str, Any]:

@@ -288,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tpot-slo", type=float, default=0.15, help="TPOT target, seconds per output token")
     p.add_argument("--dollars-per-hour", type=float, default=0.10, help="price of the box")
     p.add_argument("--only", help="comma list of deployments to run (default: all)")
+    p.add_argument("--workloads", help="comma list of workloads to run on them (default: each one's own)")
     p.add_argument("--seed", type=int, default=0)
     add_budget_flags(p)
     p.add_argument("--eval-prompts", type=int, default=None,
@@ -314,6 +315,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not only or any(n not in names for n in only):
         parser.error(f"--only {args.only!r}: a comma list from {', '.join(names)}")
     deploys = [d for d in DEPLOYS if d.variant.name in only]
+    if args.workloads is not None:
+        keep = [w.strip() for w in args.workloads.split(",") if w.strip()]
+        if not keep or any(w not in WORKLOADS for w in keep):
+            parser.error(f"--workloads {args.workloads!r}: a comma list from {', '.join(WORKLOADS)}")
+        deploys = [replace(d, workloads=tuple(w for w in d.workloads if w in keep)) for d in deploys]
+        if empty := [d.variant.name for d in deploys if not d.workloads]:
+            parser.error(f"--workloads {args.workloads!r}: none of them runs on {', '.join(empty)}")
     prov = Provenance.start(PROG, argv)
     out_dir = Path(args.out) if args.out else None
     slo = SLO(args.ttft_slo, args.tpot_slo)

@@ -65,7 +65,10 @@ def test_quality_counts_identical_greedy_outputs_against_the_baseline():
     assert q["n-gram speculation (4 tokens)"]["first_divergences"][0][0] == "b"
 
 
-@pytest.mark.parametrize("argv, msg", [(["--only", "nope"], "--only"), (["--num-requests", "0"], "--num-requests")])
+@pytest.mark.parametrize("argv, msg", [
+    (["--only", "nope"], "--only"), (["--num-requests", "0"], "--num-requests"),
+    (["--workloads", "chat,nope"], "--workloads 'chat,nope': a comma list from chat,"),
+    (["--only", "colocated", "--workloads", "open"], "none of them runs on colocated")])
 def test_bad_arguments_name_the_flag(argv, msg, capsys):
     with pytest.raises(SystemExit):
         opt.main(argv)
