@@ -17,7 +17,10 @@ From placement's LatencyModel and each worker's WorkerStats (docs/router.md has 
     value      = P(TTFT) x P(TPOT) - harm    (harm: the chances of meeting their targets that our
                  queued requests on p, or the batch on d, would lose because of us)
 
-`r_p`, `r_d` are per-worker EWMAs of observed/predicted ratios (`observe`, and decode step times).
+`r_p`, `r_d` are per-worker EWMAs of observed/predicted ratios (`observe`, and decode step times); r_d is the
+step correction x the TPOT correction, which applies in full from the batch it was learnt at and in part below
+it (what the step model leaves out, the stalls of the prefills that came with the streams, grows with the
+batch: WorkerState.tpot_correction).
 An engine prefills the prompts waiting together in one step, so a request routed later to the same step
 ends it later for all of them: the earlier ones' TTFT predictions are revised to its end before `observe`
 compares them with what happened (`_revise`).
@@ -149,8 +152,8 @@ class GoodputPolicy(LocalPrefill, Policy):
         self.decode_latency = self.decode_latency.refitted(coeffs, "calibrated")
         self._spec_lat.clear()
         for st in self.states.values():
-            st.ttft_ratio = st.tpot_ratio = 1.0
-            st.dr = st.step_ratio
+            st.ttft_ratio = st.tpot_ratio = st.tpot_b = 1.0
+            st.set_dr()
             st.pstats = st.dstats = None  # NOTE: their cached prediction terms came from the old model
         logger.info("goodput router: latency model calibrated on this machine: %s", coeffs)
 
@@ -170,8 +173,9 @@ class GoodputPolicy(LocalPrefill, Policy):
                 "speculative_tokens": self.spec_k,
                 "placements": dict(self.placements), "prefix_hit_tokens": self.prefix_hit_tokens,
                 "predictions": list(self.predictions),
-                "corrections": {w: {"ttft": round(s.ttft_ratio, 3), "tpot": round(s.tpot_ratio, 3)}
-                                for w, s in self.states.items()}}
+                "corrections": {w: {"ttft": round(s.ttft_ratio, 3), "tpot": round(s.tpot_correction(s.b0 + 1), 3),
+                                    "tpot_full": round(s.tpot_ratio, 3),
+                                    "tpot_batch": round(s.tpot_b, 2)} for w, s in self.states.items()}}
 
     def p_meet(self, target: float, predicted: float) -> float:
         """P(actual <= target) when actual = predicted x lognormal(0, sigma)."""
@@ -339,6 +343,7 @@ class GoodputPolicy(LocalPrefill, Policy):
                 p_own, value = p_own / pt * pt_a, value + (pt_a - harm(aff_i)) - (pt - harm(pi))
                 pi, x, tpot = aff_i, xa, tpot + (xa - x) * tp_share
         ttft_s, ds = costs[pi] + x * in_ttft, self.states[d.worker_id]
+        tb = ds.b0 + 1  # NOTE: the batch the TPOT correction was taken at (before we are booked into it)
         admit = p_own >= admit_p and value > 0
         declined = None  # NOTE: why not a local prefill (auto), in the refusal's reason
         if not colocated and self.disaggregation != "always":
@@ -358,7 +363,7 @@ class GoodputPolicy(LocalPrefill, Policy):
                     f"{l_value:.3f}), TTFT {l_ttft:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {l_tpot:.3f} s")
                 return RouteDecision(l_admit, None, d.worker_id, reason, l_ttft, l_tpot if out > 1 else None, l_own,
                                      local=True, placement=f"local:{why}", step_ratio=ds.step_ratio,
-                                     ttft_ratio=ds.ttft_ratio, tpot_ratio=ds.tpot_ratio)
+                                     ttft_ratio=ds.ttft_ratio, tpot_ratio=ds.tpot_correction(tb), tpot_batch=tb)
         p_id = None if colocated else prefill[pi].worker_id
         ticket = 0
         if admit or self.record_refused:
@@ -379,7 +384,8 @@ class GoodputPolicy(LocalPrefill, Policy):
             + ("" if declined is None else f"; local prefill on {d.worker_id}: {declined}"))
         return RouteDecision(admit, p_id, d.worker_id, reason, ttft_s, tpot if out > 1 else None, p_own,
                              placement=placement, step_ratio=ds.step_ratio, ticket=ticket,
-                             ttft_ratio=self.states[pool[pi].worker_id].ttft_ratio, tpot_ratio=ds.tpot_ratio)
+                             ttft_ratio=self.states[pool[pi].worker_id].ttft_ratio,
+                             tpot_ratio=ds.tpot_correction(tb), tpot_batch=tb)
 
     def _revise(self, wid: str, maxb: int, now: float, cost: float, transfer: float, tokens: int,
                 wait: float) -> int:
@@ -486,7 +492,9 @@ class GoodputPolicy(LocalPrefill, Policy):
                 # compare with the prediction the current step correction makes.
                 pred *= st.step_ratio / decision.step_ratio
             st.tpot_ratio = _learn(st.tpot_ratio, decision.tpot_ratio, tpot_s / pred, self.alpha)
-            st.dr = st.tpot_ratio * st.step_ratio
+            # NOTE: and the batch it was learnt at (WorkerState.tpot_correction): the one this request joined
+            st.tpot_b += self.alpha * ((decision.tpot_batch or 1) - st.tpot_b)
+            st.set_dr()
 
 
 register("goodput")(GoodputPolicy.from_config)

@@ -58,7 +58,8 @@ class RouteDecision(NamedTuple):
     # NOTE: goodput: the TTFT and TPOT corrections the predictions used; what a measurement teaches is relative
     # to them, so a burst routed with one correction and measured later moves it once, not once per request
     ttft_ratio: float | None = None
-    tpot_ratio: float | None = None
+    tpot_ratio: float | None = None  # NOTE: at the batch `tpot_batch` the request joined
+    tpot_batch: int = 0
 
 
 class Policy(ABC):

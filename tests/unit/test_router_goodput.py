@@ -456,3 +456,28 @@ def test_a_prompt_that_would_push_a_colocated_batch_past_its_tpot_is_refused_or_
     elsewhere = policy()(req(600, 32), [], [co("c0", 24), co("c1", 0)])
     assert elsewhere.admit and elsewhere.decode == "c1"
     assert policy()(req(600, 32), [], [co("c0", 4)]).admit
+
+
+def test_a_tpot_correction_learnt_under_four_streams_applies_in_part_to_a_lone_one() -> None:
+    """Requests routed into a batch of four and measured 1.4x slow teach the TPOT correction 1.4 at that batch
+    (the stalls of the prefills that came with the streams, which the step model leaves out). A request that
+    joins the batch the correction was learnt at is predicted with all of it; a lone stream with the share of
+    it (in log space) that its batch is of that one: not refused for a slowdown of busy times."""
+    p = policy(ewma_alpha=1.0)
+    busy = dw(0, running=3, ctx=900)
+    d = p(req(), [pw(0)], [busy])
+    assert d.admit and d.tpot_batch == 4 and d.tpot_ratio == pytest.approx(1.0)
+    p.observe(d, req(), ttft_s=d.predicted_ttft_s, tpot_s=1.4 * d.predicted_tpot_s)
+    st = p.states["d0"]
+    assert st.tpot_ratio == pytest.approx(1.4) and st.tpot_b == pytest.approx(4.0)
+    # the same batch again: all of it
+    again = policy(ewma_alpha=1.0)(req(), [pw(0)], [busy])
+    d4 = p(req(), [pw(0)], [busy._replace(timestamp_s=1001.0)])
+    assert d4.tpot_ratio == pytest.approx(1.4)
+    assert d4.predicted_tpot_s == pytest.approx(1.4 * again.predicted_tpot_s, rel=0.02)
+    # a lone stream, once the batch has gone (stats a second later: no stream, nothing on its way)
+    d1 = p(req(), [pw(0)], [dw(0, ts=1001.0)])
+    assert d1.tpot_batch == 1 and d1.tpot_ratio == pytest.approx(1.4 ** 0.25)
+    # and what a lone stream measured as predicted teaches: the correction it was predicted with
+    p.observe(d1, req(), ttft_s=d1.predicted_ttft_s, tpot_s=d1.predicted_tpot_s)
+    assert st.tpot_ratio == pytest.approx(1.4 ** 0.25) and st.tpot_b == pytest.approx(1.0)
