@@ -186,6 +186,39 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+# vLLM server flags the ingress does not run vLLM's server for: each is ours to set (or not offered), so
+# passing one would be silently ignored. NOTE: refused rather than ignored, naming the setting that does it.
+VLLM_ARGS_REFUSED = {
+    "--api-key": "serve.api_keys",
+    "--allowed-origins": "serve.cors_origins",
+    "--allowed-methods": "serve.cors_origins (methods: GET, POST, OPTIONS)",
+    "--allowed-headers": "serve.cors_origins (any header)",
+    "--allow-credentials": "serve.cors_origins (no credentials: keys travel in Authorization)",
+    "--disable-fastapi-docs": "serve.docs (off by default)",
+    "--middleware": "nothing: the ingress runs only its own middleware",
+    "--host": "serve.host",
+    "--port": "serve.port",
+    "--uds": "serve.host",
+    "--root-path": "serve.route_prefix",
+    "--ssl-keyfile": "TLS in front of the endpoint (a load balancer or proxy)",
+    "--ssl-certfile": "TLS in front of the endpoint (a load balancer or proxy)",
+    "--ssl-ca-certs": "TLS in front of the endpoint (a load balancer or proxy)",
+    "--ssl-cert-reqs": "TLS in front of the endpoint (a load balancer or proxy)",
+    "--enable-ssl-refresh": "TLS in front of the endpoint (a load balancer or proxy)",
+}
+
+
+def refused_vllm_args(argv: list[str]) -> list[str]:
+    """One message per vLLM server flag in `argv` that the ingress would not honour (VLLM_ARGS_REFUSED)."""
+    out = []
+    for a in argv:
+        flag = a.split("=", 1)[0]
+        flag = "--" + flag.lstrip("-").replace("_", "-") if flag.startswith("-") else flag
+        if flag in VLLM_ARGS_REFUSED:
+            out.append(f"{flag} is vLLM's own server's, not used by this ingress; use {VLLM_ARGS_REFUSED[flag]}")
+    return out
+
+
 class ServeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     host: str = Field("127.0.0.1", description="HTTP bind address")
@@ -226,12 +259,31 @@ class ServeConfig(BaseModel):
     drain_timeout_s: float = Field(
         30, ge=0, le=3600, description="On shutdown (SIGTERM, `shutdown`): seconds in-flight requests get to "
                                        "finish while new ones get 503; then the rest end with an error")
+    max_completions_per_request: int = Field(
+        16, ge=1, le=4096, description="Completions one request may ask for (n x prompts, batch entries); each "
+                                       "is its own prefill, KV transfer and decode. Beyond it 400")
+    send_timeout_s: float = Field(
+        60, gt=0, le=3600, description="Seconds a client may leave a response unread (a full send buffer); then "
+                                       "the connection is closed and its request's engines and KV freed")
+    max_connections: int = Field(
+        1024, ge=1, le=1_000_000, description="Open client connections per ingress replica; beyond it new "
+                                             "connections get 503 and are closed")
+    docs: bool = Field(False, description="Serve /docs and /openapi.json (off: they describe every route to "
+                                          "anyone who reaches the port)")
+    cors_origins: list[str] = Field(
+        default_factory=list, description="Browser origins allowed to call the endpoint (CORS); empty = none. "
+                                          "Requests still need an API key where keys are set")
 
     @model_validator(mode="after")
     def _exposed(self) -> ServeConfig:
-        for d in self.api_key_sha256:
+        for i, d in enumerate(self.api_key_sha256):
             if len(d) != 64 or any(c not in "0123456789abcdefABCDEF" for c in d):
-                raise ValueError(f"api_key_sha256: {d[:12]!r}... is not a SHA-256 hex digest (64 hex digits)")
+                # NOTE: never echoed: a plain key put here by mistake would end up in a log
+                raise ValueError(f"api_key_sha256[{i}] is not a SHA-256 hex digest (64 hex digits); give plain "
+                                 "keys under api_keys instead")
+        refused = refused_vllm_args(self.vllm_args)
+        if refused:
+            raise ValueError("vllm_args: " + "; ".join(refused))
         if self.api_keys and any(isinstance(k, str) and not k.strip() for k in self.api_keys):
             raise ValueError("api_keys: an inline key is empty")
         if not is_loopback(self.host) and not (self.api_keys or self.api_key_sha256) and not self.allow_unauthenticated:
@@ -283,6 +335,9 @@ class RayConfig(BaseModel):
     num_cpus: int | None = Field(None, ge=1, description="Logical CPUs for the embedded local Ray")
     object_store_mib: int = Field(256, ge=64, description="Object store of the embedded local Ray")
     namespace: str = Field("saaf-infer", description="Ray namespace of the deployment's named actors")
+    allow_unauthenticated: bool = Field(
+        False, description="Deploy onto a cluster (address) that runs without Ray's token auth; refused otherwise: "
+                           "anyone who reaches such a cluster's ports can run code on it")
 
 
 class DeployConfig(BaseModel):
@@ -319,14 +374,32 @@ class DeployConfig(BaseModel):
         return self
 
 
+SECRET_FIELDS = ("api_keys", "api_key_sha256")
+
+
 def _fmt(err: ValidationError) -> str:
-    lines = []
+    """One line per error naming the field. NOTE: the input is echoed only where it cannot hold a secret:
+    never under a key field (there even a mistyped key name may be the key) and never for a whole-section
+    check (its input is the section, keys and all)."""
+    lines: list[str] = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        if e["type"] == "extra_forbidden":
-            lines.append(f"  {loc}: unknown key; remove it or check its spelling")
+        parts = [str(p) for p in e["loc"]]
+        secret = next((i for i, p in enumerate(parts) if p in SECRET_FIELDS), None)
+        if secret is not None:
+            keep = parts[:secret + 2] if len(parts) > secret + 1 and parts[secret + 1].isdigit() else parts[:secret + 1]
+            line = f"  {'.'.join(keep)}: invalid (value not shown: it may be a secret); give a list of keys: " \
+                   "strings, {env: VAR} or {file: PATH}" if parts[secret] == "api_keys" else \
+                   f"  {'.'.join(keep)}: invalid (value not shown: it may be a secret); give a list of " \
+                   "SHA-256 hex digests"
+        elif e["type"] == "extra_forbidden":
+            line = f"  {'.'.join(parts) or '(top level)'}: unknown key; remove it or check its spelling"
+        elif e["type"] == "value_error":
+            line = f"  {'.'.join(parts) or '(top level)'}: {e['msg']}"
         else:
-            lines.append(f"  {loc}: {e['msg']} (got {e.get('input')!r})")
+            got = repr(e.get("input"))
+            line = f"  {'.'.join(parts) or '(top level)'}: {e['msg']} (got {got[:120]}{'...' if len(got) > 120 else ''})"
+        if line not in lines:
+            lines.append(line)
     return "\n".join(lines)
 
 

@@ -37,3 +37,10 @@ def unavailable(message: str, code: str | None = None, retry_after_s: float = 5.
 
 def shutting_down(message: str) -> ServeError:
     return unavailable(message, code="shutting_down")
+
+
+def too_many(asked: int, cap: int) -> ServeError:
+    """One request asked for more completions than serve.max_completions_per_request allows."""
+    return ServeError(400, f"this request asks for {asked} or more completions (n x prompts); at most {cap} per "
+                           "request (serve.max_completions_per_request): lower n or send fewer prompts",
+                      param="n", code="too_many_completions")

@@ -1,14 +1,19 @@
-"""Our own process tree: find descendants, and make sure none outlives an embedded cluster.
+"""Our own process tree: find descendants, what they listen on, and make sure none outlives an embedded
+cluster.
 
 NOTE: Ray 2.60's DashboardAgent and RuntimeEnvAgent can survive `ray.shutdown()` of a local cluster
 (re-parented to init, ignoring SIGTERM); we end exactly the processes we started, by PID."""
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import os
 import signal
+import socket
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 
 def descendants(pid: int) -> list[int]:
@@ -136,3 +141,56 @@ def reset_affinity(pid: int, cpus: set[int]) -> int:
             except OSError:
                 continue
     return changed
+
+
+class Listener(NamedTuple):
+    """A listening TCP socket of one of our processes."""
+
+    pid: int
+    process: str  # its command line, cut short
+    host: str  # "127.0.0.1", "::", "::ffff:127.0.0.1", ...
+    port: int
+
+    @property
+    def loopback(self) -> bool:
+        ip = ipaddress.ip_address(self.host)
+        mapped = getattr(ip, "ipv4_mapped", None)
+        return (mapped or ip).is_loopback
+
+
+def _listening(table: str) -> dict[str, tuple[str, int]]:
+    """{socket inode: (host, port)} of the LISTEN rows of a /proc/net/tcp or tcp6 table."""
+    out: dict[str, tuple[str, int]] = {}
+    for row in table.splitlines()[1:]:
+        f = row.split()
+        if len(f) < 10 or f[3] != "0A":  # NOTE: 0A = TCP_LISTEN
+            continue
+        addr, port = f[1].split(":")
+        raw = bytes.fromhex(addr)
+        # NOTE: the kernel prints each 32-bit word of the address in host (little-endian) order
+        words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+        host = socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, words)
+        out[f[9]] = (host, int(port, 16))
+    return out
+
+
+def listeners(pids: list[int]) -> list[Listener]:
+    """Every listening TCP socket (IPv4 and IPv6) that one of ``pids`` holds open, matched by socket inode."""
+    out = []
+    for pid in pids:
+        try:
+            inodes = set()
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    link = os.readlink(fd)
+                    if link.startswith("socket:["):
+                        inodes.add(link[8:-1])
+            table: dict[str, tuple[str, int]] = {}
+            for name in ("tcp", "tcp6"):
+                with contextlib.suppress(OSError):
+                    table.update(_listening(Path(f"/proc/{pid}/net/{name}").read_text()))
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # NOTE: gone meanwhile
+            continue
+        out.extend(Listener(pid, cmd[:120], *table[i]) for i in sorted(inodes) if i in table)
+    return out

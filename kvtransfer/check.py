@@ -28,10 +28,10 @@ from kvtransfer.fabric import (
     run_fabric_check,
 )
 
-# NOTE: a Ray started here must stay on loopback (see shared/ENVIRONMENT.md, Ray section).
+# NOTE: a Ray started here must stay on loopback (see shared/ENVIRONMENT.md, Ray section); its token auth
+# stays on (Ray's default for a new local cluster: it makes ~/.ray/auth_token if there is none).
 LOCAL_RAY_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_AUTH_MODE": "disabled",
     "RAY_USAGE_STATS_ENABLED": "0",
     "UCX_NET_DEVICES": "lo",
 }

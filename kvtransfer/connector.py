@@ -14,6 +14,8 @@ computes the first token's KV itself, as it computes the last prompt token's whe
 It also reports, in the scheduler's KV-connector stats, which requests began pulling their KV this step
 (`LOAD_STARTED`): the decode worker's transfer timeout runs from that moment, not from when the request
 joined the decode engine's queue (engine/statlog.py reads it, decode/worker.py waits on it).
+
+Its handshake side channel drops malformed requests instead of dying on one (kvtransfer/side_channel.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector as _VllmNixlConnector
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
+
+from kvtransfer import side_channel
 
 LOAD_STARTED = "saaf_load_started"  # engine request ids whose KV pull the scheduler started this step
 
@@ -71,6 +75,7 @@ def as_load_stats(stats: KVConnectorStats | None, started: list[str]) -> LoadSta
 class NixlConnector(_VllmNixlConnector):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        side_channel.harden(self.connector_scheduler)  # NOTE: before vLLM starts its listener (set_xfer_handshake_metadata)
         self._started: list[str] = []  # scheduler side: loads started since the last stats
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:

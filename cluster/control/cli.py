@@ -91,7 +91,7 @@ def _deploy(cfg, args) -> int:
     address = args.address or cfg.ray.address
     try:
         embedded = connect(address, num_cpus=cfg.ray.num_cpus, object_store_mib=cfg.ray.object_store_mib,
-                           namespace=cfg.ray.namespace)
+                           namespace=cfg.ray.namespace, allow_unauthenticated=cfg.ray.allow_unauthenticated)
     except ConnectionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -156,10 +156,12 @@ def shutdown_embedded() -> None:
     controller's graceful shutdown only raced ray.kill and printed Ray errors."""
     import ray
 
+    from cluster.control.runtime import forget_embedded
     from engine.procs import descendants, reap
 
     ours = descendants(os.getpid())
     t0 = time.monotonic()
     ray.shutdown()
     reap(ours, grace_s=10)
+    forget_embedded()
     logging.getLogger(__name__).info("embedded Ray stopped in %.1fs", time.monotonic() - t0)

@@ -12,12 +12,12 @@ def _connect(args) -> Any:
 
     import ray
 
-    from cluster.control.runtime import LOOPBACK_ENV, check_reachable
+    from cluster.control.runtime import check_reachable, join_auth, use_loopback
 
-    for k, v in LOOPBACK_ENV.items():
-        os.environ.setdefault(k, v)
+    use_loopback()  # NOTE: also what "auto" resolves 127.0.0.1 to (runtime.use_loopback)
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     check_reachable(address)
+    join_auth(address, allow_unauthenticated=True)  # NOTE: the embedded cluster's token is found by its address
     ray.init(address=address, namespace=args.namespace, logging_level="WARNING", log_to_driver=False)
     try:
         return ray.get_actor(f"{args.name}-controller", namespace=args.namespace)

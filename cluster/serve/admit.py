@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cluster.config import SLOConfig
+from cluster.errors import too_many
 from cluster.serve.context import CURRENT, RequestContext
 from cluster.serve.engine_client import StreamError
 
@@ -28,6 +29,8 @@ GENERATE_METHODS = {
     "openai_serving_completion": "create_completion",
     "openai_serving_responses": "create_responses",
     "anthropic_serving_messages": "create_messages",
+    # NOTE: the batch route too: its entries are completions of one request, capped and admitted as such
+    "openai_serving_chat_batch": "create_batch_chat_completion",
 }
 
 
@@ -55,13 +58,33 @@ async def admit_all(ctx: RequestContext, raw_request: Any) -> None:
             watch.cancel()
 
 
-def admit_streams_first(method: Callable[..., Any], slo: SLOConfig) -> Callable[..., Any]:
+def asked_completions(request: Any) -> int:
+    """Completions a parsed request asks for before it is rendered: n x (prompts of a completions list, or
+    conversations of a batch). EngineClient.generate() counts them again as they come (the authority)."""
+    n = getattr(request, "n", None) or 1
+    prompts = 1
+    p = getattr(request, "prompt", None)
+    if isinstance(p, list) and p and not isinstance(p[0], int):
+        prompts = len(p)
+    m = getattr(request, "messages", None)
+    if isinstance(m, list) and m and isinstance(m[0], list):
+        prompts = len(m)
+    return n * prompts
+
+
+def admit_streams_first(method: Callable[..., Any], slo: SLOConfig, cap: int = 16) -> Callable[..., Any]:
     @functools.wraps(method)
     async def wrapper(request: Any, raw_request: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if asked_completions(request) > cap:  # NOTE: before thousands of prompts are rendered for nothing
+            raise too_many(asked_completions(request), cap)
         ctx = RequestContext.from_headers(raw_request.headers if raw_request is not None else {}, slo)
         token = CURRENT.set(ctx)
         try:
             result = await method(request, raw_request, *args, **kwargs)
+        except BaseException:
+            for job in ctx.jobs:  # NOTE: e.g. the fan-out cap hit at a later prompt: earlier ones never run
+                job.close()
+            raise
         finally:
             CURRENT.reset(token)
         if inspect.isasyncgen(result):
@@ -91,13 +114,13 @@ def our_stream_errors(method: Callable[..., str]) -> Callable[..., str]:
     return wrapper
 
 
-def install(state: Any, slo: SLOConfig) -> list[str]:
+def install(state: Any, slo: SLOConfig, cap: int = 16) -> list[str]:
     """Wrap the serving objects vLLM created on `state`; returns the methods wrapped."""
     wrapped = []
     for attr, name in GENERATE_METHODS.items():
         obj = getattr(state, attr, None)
         if obj is not None and hasattr(obj, name):
-            setattr(obj, name, admit_streams_first(getattr(obj, name), slo))
+            setattr(obj, name, admit_streams_first(getattr(obj, name), slo, cap))
             if hasattr(obj, "create_streaming_error_response"):
                 obj.create_streaming_error_response = our_stream_errors(obj.create_streaming_error_response)
             wrapped.append(f"{attr}.{name}")

@@ -90,7 +90,8 @@ class Ingress:
         if cfg.serve.direct:
             sock = bind(cfg.serve.host, cfg.serve.port)
             self._server = asyncio.get_running_loop().create_task(
-                serve_forever(self.http_app, sock, cfg.serve.route_prefix, cfg.serve.header_timeout_s))
+                serve_forever(self.http_app, sock, cfg.serve.route_prefix, cfg.serve.header_timeout_s,
+                              cfg.serve.send_timeout_s, cfg.serve.max_connections))
 
     async def __serve_build_asgi_app__(self) -> Any:
         return self.http_app

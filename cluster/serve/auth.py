@@ -36,6 +36,13 @@ def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
     return bearer or api_key
 
 
+def own_path(scope: dict) -> str:
+    """The request's path inside this app (without the route prefix it is mounted under). NOTE: matched
+    exactly: a suffix match let `/v1/chat/completions/x/health` through."""
+    path, root = scope.get("path", ""), scope.get("root_path", "")
+    return path[len(root):] or "/" if root and path.startswith(root) else path
+
+
 class Auth:
     def __init__(self, app: Any, *, digests: list[str], auth_health: bool, auth_metrics: bool) -> None:
         self.app = app
@@ -51,7 +58,7 @@ class Auth:
         return sum(hmac.compare_digest(d, want) for want in self.digests) > 0
 
     async def __call__(self, scope: dict, receive: Callable[..., Any], send: Callable[..., Any]) -> None:
-        if scope["type"] != "http" or (self.open_paths and scope["path"].rstrip("/").endswith(self.open_paths)):
+        if scope["type"] != "http" or own_path(scope) in self.open_paths:
             await self.app(scope, receive, send)
             return
         key = presented_key(scope.get("headers") or [])

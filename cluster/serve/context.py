@@ -25,6 +25,7 @@ class RequestContext:
     ttft_slo_s: float
     tpot_slo_s: float
     jobs: list[Any] = field(default_factory=list)  # cluster.serve.job.Job, in creation order
+    completions: int = 0  # legs asked for so far (n of each prompt): serve.max_completions_per_request caps it
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str], slo: SLOConfig) -> RequestContext:

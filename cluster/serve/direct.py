@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import socket
 from typing import Any
@@ -43,34 +44,85 @@ def mounted(app: Any, route_prefix: str) -> Any:
     return Starlette(routes=[Mount(route_prefix.rstrip("/"), app=app)])
 
 
-def head_deadline_protocol(timeout_s: float) -> type:
-    """uvicorn's h11 protocol with a deadline for each request's head (request line + headers): a client that
-    connects and sends nothing, or its headers a byte at a time (slowloris), is disconnected `timeout_s` after
-    it connected or after its previous response. NOTE: uvicorn has no such timeout of its own (only the
-    keep-alive one, which data of any kind resets); the body has its own deadline (Guard, body_timeout_s)."""
+def _busy_response(max_connections: int) -> bytes:
+    body = json.dumps({"error": {"message": f"{max_connections} connections open on this replica "
+                                            "(serve.max_connections); retry shortly",
+                                 "type": "service_unavailable", "param": None, "code": "too_many_connections"}})
+    return (f"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {len(body)}"
+            f"\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}").encode()
+
+
+def deadline_protocol(header_timeout_s: float, send_timeout_s: float = 60.0, max_connections: int = 1024) -> type:
+    """uvicorn's h11 protocol with two deadlines of ours (NOTE: uvicorn has neither; only the keep-alive
+    one, which data of any kind resets):
+
+    - each request's head (request line + headers): a client that connects and sends nothing, or its headers a
+      byte at a time (slowloris), is disconnected `header_timeout_s` after it connected or after its previous
+      response (the body has its own deadline: Guard, body_timeout_s);
+    - each response's sending: a client that stops reading fills the socket's buffers, uvicorn then pauses
+      the app's writes, and the request would hold its slot, its engines and its KV for as long as the client
+      likes; once writing has been paused for `send_timeout_s` the connection is aborted, which the app
+      sees as a disconnect (the request is cancelled and its legs closed).
+
+    And a cap: a connection beyond `max_connections` open ones gets a 503 in the OpenAI error shape and is
+    closed at once (uvicorn's own limit_concurrency answers in plain text)."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class HeadDeadlineProtocol(H11Protocol):
+    busy = _busy_response(max_connections)
+
+    class DeadlineProtocol(H11Protocol):
         _head_timer: asyncio.TimerHandle | None = None
+        _send_timer: asyncio.TimerHandle | None = None
         _armed_for: Any = None
+        _rejected = False  # over serve.max_connections
 
         def _arm(self) -> None:
             if self._head_timer is not None:
                 self._head_timer.cancel()
             self._armed_for = self.cycle  # NOTE: a new request's head makes a new cycle
-            self._head_timer = self.loop.call_later(timeout_s, self._head_late)
+            self._head_timer = self.loop.call_later(header_timeout_s, self._head_late)
 
         def _head_late(self) -> None:
             self._head_timer = None
             if self.cycle is self._armed_for and (self.cycle is None or self.cycle.response_complete) \
                     and not self.transport.is_closing():
                 logger.info("closing a connection from %s: no request head within %gs (serve.header_timeout_s)",
-                            self.client, timeout_s)
+                            self.client, header_timeout_s)
                 self.transport.close()
+
+        def _send_late(self) -> None:
+            self._send_timer = None
+            if not self.transport.is_closing():
+                logger.info("aborting a connection from %s: response unread for %gs (serve.send_timeout_s)",
+                            self.client, send_timeout_s)
+                self.transport.abort()  # NOTE: close() would wait for the unread buffer to drain
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._send_timer is None:
+                self._send_timer = self.loop.call_later(send_timeout_s, self._send_late)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self._send_timer is not None:
+                self._send_timer.cancel()
+                self._send_timer = None
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                # NOTE: answered, its write side shut, and what it sends dropped until it closes (at most 1 s):
+                # closing at once with its request unread would reset the connection before it read the 503.
+                self._rejected = True
+                transport.write(busy)
+                transport.write_eof()
+                self.loop.call_later(1.0, transport.close)
+                return
             self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if not self._rejected:
+                super().data_received(data)
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -78,17 +130,18 @@ def head_deadline_protocol(timeout_s: float) -> type:
                 self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
+            for t in (self._head_timer, self._send_timer):
+                if t is not None:
+                    t.cancel()
+            self._head_timer = self._send_timer = None
             super().connection_lost(exc)
 
-    return HeadDeadlineProtocol
+    return DeadlineProtocol
 
 
-async def serve_forever(app: Any, sock: socket.socket, route_prefix: str = "/", header_timeout_s: float = 30.0
-                        ) -> None:
-    """Serve ``app`` on ``sock`` until the replica ends."""
+async def serve_forever(app: Any, sock: socket.socket, route_prefix: str = "/", header_timeout_s: float = 30.0,
+                        send_timeout_s: float = 60.0, max_connections: int = 1024) -> None:
+    """Serve ``app`` on ``sock`` until the replica ends (deadlines and connection cap: deadline_protocol)."""
     import uvicorn
 
     class _Server(uvicorn.Server):
@@ -97,7 +150,8 @@ async def serve_forever(app: Any, sock: socket.socket, route_prefix: str = "/", 
             yield
 
     config = uvicorn.Config(mounted(app, route_prefix), log_level="warning", access_log=False, lifespan="off",
-                            timeout_keep_alive=30, http=head_deadline_protocol(header_timeout_s))
+                            timeout_keep_alive=30,
+                            http=deadline_protocol(header_timeout_s, send_timeout_s, max_connections))
     server = _Server(config)
     host, port = sock.getsockname()[:2]
     logger.info("direct ingress on %s:%s%s", host, port, route_prefix)

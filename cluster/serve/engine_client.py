@@ -9,6 +9,7 @@ a disaggregated deployment can (health) or says plainly that it is not offered h
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import AsyncGenerator, Iterable
 from http import HTTPStatus
 from typing import Any
@@ -18,7 +19,7 @@ from vllm.exceptions import GracefulHTTPError, VLLMValidationError
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 
-from cluster.errors import ServeError, shutting_down
+from cluster.errors import ServeError, rate_limited, shutting_down, too_many
 from cluster.serve.context import CURRENT, RequestContext
 from cluster.serve.frontend import Frontend
 from cluster.serve.job import Job
@@ -77,6 +78,11 @@ class PDEngineClient(EngineClient):
     def inflight(self) -> int:
         return len(self.jobs)
 
+    @property
+    def legs_inflight(self) -> int:
+        """Completions in flight (each its own prefill, KV transfer and decode): what serve.max_inflight caps."""
+        return sum(len(job.legs) for job in self.jobs.values())
+
     # ---- generation ------------------------------------------------------------------------------
     def generate(self, prompt: Any, sampling_params: SamplingParams, request_id: str, *,
                  prompt_text: str | None = None, lora_request: Any = None,
@@ -98,13 +104,25 @@ class PDEngineClient(EngineClient):
                                       "remove it from the request", parameter="kv_transfer_params")
         # NOTE: the same checks vLLM's engine makes before accepting a request (logprobs, structured
         # output, prompt length, ...), so a bad request is a 400 here and never reaches a worker.
-        self.input_processor.process_inputs(request_id, prompt, sampling_params, TASKS, priority=priority)
         ctx = CURRENT.get() or RequestContext.from_headers({}, self.svc.cfg.slo)
-        job = Job(self.svc, request_id, list(prompt["prompt_token_ids"]), prompt.get("prompt") or prompt_text,
-                  sampling_params, ctx.ttft_slo_s, ctx.tpot_slo_s)
+        n = sampling_params.n or 1
+        sc = self.svc.cfg.serve
+        if ctx.completions + n > sc.max_completions_per_request:
+            raise too_many(ctx.completions + n, sc.max_completions_per_request)
+        if self.legs_inflight + n > sc.max_inflight:
+            raise rate_limited(f"{sc.max_inflight} completions in flight on this replica (serve.max_inflight); "
+                               "retry shortly", code="overloaded")
+        # NOTE: every id inside the system is ours (job, legs, engine requests, KV handoffs); the client's
+        # (its X-Request-Id, or vLLM's default) is only echoed back, so two clients sending one id cannot
+        # collide in an engine or cancel each other.
+        internal = f"saaf-{uuid.uuid4().hex}"
+        self.input_processor.process_inputs(internal, prompt, sampling_params, TASKS, priority=priority)
+        ctx.completions += n
+        job = Job(self.svc, internal, list(prompt["prompt_token_ids"]), prompt.get("prompt") or prompt_text,
+                  sampling_params, ctx.ttft_slo_s, ctx.tpot_slo_s, client_id=request_id)
         ctx.jobs.append(job)
-        self.jobs[request_id] = job
-        job.on_close = lambda: self.jobs.pop(request_id, None)
+        self.jobs[internal] = job
+        job.on_close = lambda: self.jobs.pop(internal, None)
         self.svc.members.wake()
         return self._outputs(job, sampling_params.output_kind == RequestOutputKind.DELTA)
 
@@ -123,8 +141,12 @@ class PDEngineClient(EngineClient):
             job.close()
 
     async def abort(self, request_id: str | Iterable[str]) -> None:
+        """Our own ids abort their job; a client's id only the jobs of the request this call runs in (its
+        context), never another client's request that happens to carry the same id."""
+        ctx = CURRENT.get()
+        mine = {job.client_id: job for job in ctx.jobs} if ctx is not None else {}
         for rid in [request_id] if isinstance(request_id, str) else list(request_id):
-            job = self.jobs.get(rid)
+            job = self.jobs.get(rid) or mine.get(rid)
             if job is not None:
                 job.close()
 

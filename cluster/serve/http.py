@@ -59,10 +59,16 @@ async def build_app(client: PDEngineClient, args: Any, *, health: Callable[[], t
     from vllm.entrypoints.openai.api_server import init_app_state
     from vllm.entrypoints.serve.exception_handling.register import init_exception_handler
 
-    app = FastAPI(title="Saaf Infer", version="0.1.0")
+    sc = client.svc.cfg.serve
+    # NOTE: /docs, /redoc and /openapi.json describe every route to anyone who reaches the port: off
+    # unless serve.docs (vLLM serves them unless --disable-fastapi-docs).
+    docs = {} if sc.docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="Saaf Infer", version="0.1.0", **docs)
     app.state.args = args
     await init_app_state(client, app.state, args, supported_tasks=TASKS)
-    admit.install(app.state, client.svc.cfg.slo)
+    wrapped = admit.install(app.state, client.svc.cfg.slo, sc.max_completions_per_request)
+    if "openai_serving_chat_batch.create_batch_chat_completion" not in wrapped:  # NOTE: never outside admission
+        app.state.openai_serving_chat_batch = None
     # NOTE: vLLM's engine-error handler reads state.server (the uvicorn server its launcher sets).
     app.state.server = types.SimpleNamespace(should_exit=False)
     for name in VLLM_ROUTERS:
@@ -77,8 +83,10 @@ async def build_app(client: PDEngineClient, args: Any, *, health: Callable[[], t
 
     @app.get("/health")
     async def _health() -> JSONResponse:
+        # NOTE: open to load balancers by default, so it says only ok / starting / draining; the workers'
+        # stats are in /v1/stats, behind the keys.
         status, body = health()
-        return JSONResponse(body, status_code=status)
+        return JSONResponse({"status": body["status"]}, status_code=status)
 
     @app.get("/metrics")
     async def _metrics() -> Response:
@@ -97,7 +105,11 @@ async def build_app(client: PDEngineClient, args: Any, *, health: Callable[[], t
         raise ServeError(404, f"The model `{model_id}` does not exist.", type_="NotFoundError", param="model",
                          code="model_not_found")
 
-    sc = client.svc.cfg.serve
+    if sc.cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=sc.cors_origins, allow_methods=["GET", "POST", "OPTIONS"],
+                           allow_headers=["*"], allow_credentials=False)
     app.add_middleware(Guard, max_body_bytes=sc.max_body_bytes, max_inflight=sc.max_inflight,
                        draining=lambda: client.draining, body_timeout_s=sc.body_timeout_s)
     if sc.api_key_sha256:  # NOTE: added last, so outermost: a request without a key costs no in-flight slot

@@ -32,9 +32,10 @@ def leg_params(params: SamplingParams, index: int) -> SamplingParams:
 
 class Job:
     def __init__(self, svc: Services, request_id: str, ids: list[int], prompt_text: str | None,
-                 params: SamplingParams, ttft_slo_s: float, tpot_slo_s: float) -> None:
+                 params: SamplingParams, ttft_slo_s: float, tpot_slo_s: float, client_id: str | None = None) -> None:
         self.svc = svc
-        self.request_id = request_id
+        self.request_id = request_id  # ours, unique: every leg's and engine request's id derives from it
+        self.client_id = client_id or request_id  # what the client's outputs carry
         self.ids = ids
         self.prompt_text = prompt_text
         self.kind = params.output_kind
@@ -114,7 +115,7 @@ class Job:
             self._record(ok, first_at)
 
     def _adapt(self, out: RequestOutput, index: int) -> RequestOutput:
-        out.request_id = self.request_id
+        out.request_id = self.client_id
         out.prompt, out.prompt_token_ids = self.prompt_text, self.ids
         out.kv_transfer_params = None
         for c in out.outputs:

@@ -10,8 +10,10 @@ from kvtransfer.config import free_port
 from tests.helpers.parity_table import TOOL_ARGS
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# NOTE: no RAY_AUTH_MODE here: the session's embedded Ray runs with token auth, as a user's does (connect()
+# gives it a fresh token and puts RAY_AUTH_MODE / RAY_AUTH_TOKEN_PATH into this process's environment, so the
+# clusters and drivers the tests start as subprocesses share that token).
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,7 @@ def _config(gcs_address: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def autoscaling_cluster(tmp_path_factory):
+def autoscaling_cluster(tmp_path_factory, ray_session):  # NOTE: ray_session: its token auth env (conftest)
     from cluster.control.runtime import LOOPBACK_ENV
     from engine.procs import descendants, reap
 
@@ -80,7 +80,7 @@ def _driver(address: str, body: str, timeout_s: float = 150) -> str:
     code = (f"import json, time, ray\nray.init(address='{address}', logging_level=40)\n"
             f"def out(v): print('RESULT ' + str(v), flush=True)\n{body}")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s,
-                       env=dict(os.environ, RAY_AUTH_MODE="disabled"), cwd=REPO)
+                       env=dict(os.environ), cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [ln[7:] for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, r.stdout[-2000:]

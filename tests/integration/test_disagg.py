@@ -92,3 +92,45 @@ def test_side_channel_ports_and_engine_ids_are_unique(workers):
     ports = [i["side_channel_port"] for i in infos]
     assert len(set(ports)) == len(ports) and all(ports)
     assert len({i["engine_id"] for i in infos}) == len(infos)
+
+
+def test_side_channel_survives_garbage_then_transfers(endpoint, model_name, workers):
+    """Garbage to the prefill engine's NIXL side channel (issue 36): every bad request is dropped unanswered,
+    a valid handshake on the same connection is still answered with the engine's real metadata, and a
+    request then moves its KV."""
+    import os
+    import socket
+
+    import msgspec
+    import zmq
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import GET_META_MSG, NixlHandshakePayload
+
+    p = next(h for role, h in workers.values() if role == "prefill")
+    d = _decode_handle(workers)
+    port = ray.get(p.info.remote(), timeout=30)["side_channel_port"]
+    enc = msgspec.msgpack.encode
+    garbage = [(zmq.DEALER, [os.urandom(64)]), (zmq.DEALER, [b"", enc((GET_META_MSG, 0, 0)), b"x"]),
+               (zmq.REQ, [b"\xc1junk"]), (zmq.REQ, [b""]), (zmq.REQ, [enc(7)]),
+               (zmq.REQ, [enc((GET_META_MSG, 0))]), (zmq.REQ, [enc((GET_META_MSG, 3, 9))]),
+               (zmq.REQ, [enc((GET_META_MSG, [0], 0))]), (zmq.REQ, [enc((b"bogus", 0, 0))])]
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        raw.sendall(os.urandom(512))
+    ctx = zmq.Context()
+    try:
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(f"tcp://127.0.0.1:{port}")
+        for kind, frames in garbage:  # NOTE: one connection: the listener takes them in this order
+            s.send_multipart(([b""] if kind == zmq.REQ else []) + frames)
+        s.send_multipart([b"", enc((GET_META_MSG, 0, 0))])
+        assert s.poll(10_000), "the prefill engine's side channel stopped answering"
+        reply = s.recv_multipart()
+        assert reply[0] == b"" and len(reply) == 3
+        assert msgspec.msgpack.Decoder(NixlHandshakePayload).decode(reply[1]).compatibility_hash
+        assert not s.poll(500)  # no answer to any bad request
+    finally:
+        ctx.destroy(linger=0)
+    before = ray.get(d.transfer_counters.remote(), timeout=30)
+    assert len(_complete(endpoint, model_name, _prompts(99, [BLOCK + 3])[0], 4)) == 4
+    after = ray.get(d.transfer_counters.remote(), timeout=30)
+    assert after["kv_bytes"] > before["kv_bytes"]

@@ -28,7 +28,9 @@ def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster(ray_session):
+    """A `ray start` cluster of two nodes, with token auth: the session's token (ray_session put it into this
+    process's environment, which the nodes and every driver here inherit)."""
     from cluster.control.runtime import LOOPBACK_ENV
     from engine.procs import descendants, reap
 
@@ -186,7 +188,7 @@ def _py(address: str, body: str) -> str:
     """Run ``body`` in a fresh driver attached to the cluster; its last stdout line."""
     code = f"import json, ray; ray.init(address='{address}', logging_level=40)\n{body}"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, RAY_AUTH_MODE="disabled"))
+                       env=dict(os.environ))
     assert r.returncode == 0, r.stderr
     return r.stdout.strip().splitlines()[-1]
 
@@ -196,7 +198,7 @@ def _group_states(address: str, groups: list[str]) -> dict[str, str]:
             f"ray.init(address='{address}', logging_level=40); t = placement_group_table(); "
             f"print(json.dumps({{g: t.get(g, {{}}).get('state', 'REMOVED') for g in {groups!r}}}))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, RAY_AUTH_MODE="disabled"))
+                       env=dict(os.environ))
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 

@@ -6,6 +6,8 @@ import asyncio
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.routing import Mount
 
 from cluster.config import ConfigError, key_digest, parse_config, resolve_api_keys
 from cluster.serve.auth import Auth, presented_key
@@ -24,8 +26,36 @@ def test_a_non_loopback_host_needs_keys_or_an_explicit_opt_out():
         parse_config({"serve": {"api_key_sha256": ["abc"]}})
     with pytest.raises(ConfigError, match="inline key is empty"):
         parse_config({"serve": {"api_keys": ["  "]}})
-    with pytest.raises(ConfigError, match="unknown key"):
+    with pytest.raises(ConfigError, match=r"serve.api_keys.0: invalid .*\{env: VAR\} or \{file: PATH\}"):
         parse_config({"serve": {"api_keys": [{"vault": "x"}]}})
+
+
+SECRET = "sk-live-7f3a9c2e"
+SECRET_SHAPES = [  # a key in every wrong shape the config's key fields can be given
+    {"api_keys": SECRET}, {"api_keys": [[SECRET]]}, {"api_keys": [{"env": SECRET}]},
+    {"api_keys": [{"env": "X", "extra": SECRET}]}, {"api_keys": [{SECRET: "x"}]}, {"api_keys": [{"file": SECRET, "x": 1}]},
+    {"api_keys": {SECRET: SECRET}}, {"api_keys": [SECRET, 5]}, {"api_key_sha256": SECRET},
+    {"api_key_sha256": [SECRET]}, {"api_key_sha256": [[SECRET]]}, {"api_keys": [SECRET], "host": "0.0.0.0", "port": 0},
+    {"api_keys": [SECRET], "vllm_args": ["--api-key", SECRET]}, {"api_keys": [SECRET], "vllm_args": [f"--api-key={SECRET}"]},
+    {"api_keys": [SECRET], "bogus": 1},
+]
+
+
+@pytest.mark.parametrize("serve", SECRET_SHAPES, ids=range(len(SECRET_SHAPES)))
+def test_a_config_error_never_shows_a_key(serve):
+    with pytest.raises(ConfigError) as e:
+        parse_config({"serve": serve})
+    assert SECRET not in str(e.value) and SECRET[:8] not in str(e.value), str(e.value)
+    assert "serve" in str(e.value)  # still names where the error is
+
+
+def test_vllm_server_flags_the_ingress_does_not_honour_are_refused_naming_ours():
+    for argv, ours in ((["--api-key", "k"], "serve.api_keys"), (["--allowed-origins", "[\"*\"]"], "serve.cors_origins"),
+                       (["--disable-fastapi-docs"], "serve.docs"), (["--middleware", "m.x"], "nothing"),
+                       (["--allowed_origins=*"], "serve.cors_origins"), (["--ssl-keyfile", "k.pem"], "TLS")):
+        with pytest.raises(ConfigError, match=f"{argv[0].split('=')[0].replace('_', '-')} is vLLM's own server's.*{ours}"):
+            parse_config({"serve": {"vllm_args": argv}})
+    parse_config({"serve": {"vllm_args": ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]}})
 
 
 def test_keys_resolve_to_digests_and_leave_no_plain_key_in_the_config(tmp_path, monkeypatch):
@@ -88,7 +118,12 @@ def test_auth_middleware_answers_401_in_the_openai_shape_and_passes_good_keys():
     assert _get(app, "POST", "/v1/completions", {"Authorization": "Bearer sk-b"}).text == "inner"
     assert _get(app, "POST", "/v1/messages", {"x-api-key": "sk-a"}).text == "inner"
     assert _get(app, "GET", "/health").status_code == 200 and _get(app, "GET", "/metrics").status_code == 200
-    assert _get(app, "GET", "/prefix/health").status_code == 200
+    # exact paths only: a route that merely ends in /health or /metrics needs the key
+    for path in ("/prefix/health", "/v1/chat/completions/x/health", "/v1/models/health", "/healthz", "/metrics/x"):
+        assert _get(app, "GET", path).status_code == 401, path
+    mounted = Starlette(routes=[Mount("/prefix", app=app)])  # under a route prefix: its own /health is open
+    assert _get(mounted, "GET", "/prefix/health").status_code == 200
+    assert _get(mounted, "GET", "/prefix/v1/models/health").status_code == 401
 
 
 def test_health_and_metrics_can_require_the_key():

@@ -358,3 +358,18 @@ def test_gcp_workers_get_no_public_ip(path: Path) -> None:
     for name, spec in cfg["available_node_types"].items():
         if name != cfg["head_node_type"]:
             assert not any(nic.get("accessConfigs") for nic in spec["node_config"]["networkInterfaces"]), name
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=ids(MANIFESTS))
+def test_every_node_gets_the_ray_token_and_every_ray_start_uses_it(path: Path) -> None:
+    cfg = load(path)
+    assert cfg["file_mounts"].get("~/.saaf/ray_token") == "~/.saaf/ray_token"
+    for node in nodes(cfg):
+        target, body = env_file(node)
+        assert re.search(r"^export RAY_AUTH_MODE=token$", body, re.M), node.name
+        assert re.search(r"^export RAY_AUTH_TOKEN_PATH=\$HOME/\.saaf/ray_token$", body, re.M), node.name
+        assert "RAY_AUTH_MODE=disabled" not in "\n".join(node.setup + node.start), node.name
+        checks = [c for c in node.setup if "test -s ~/.saaf/ray_token" in c and "chmod 600 ~/.saaf/ray_token" in c]
+        assert checks, node.name  # a node without the token stops its setup with a message
+        for command in (c for c in node.start if "ray start" in c):
+            assert f"source {target} " in command.split("ray start")[0], (node.name, command)
