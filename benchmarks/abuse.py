@@ -28,6 +28,7 @@ import yaml
 
 from benchmarks.compare.provenance import Provenance, write_artefact
 from benchmarks.deployproc import DeployProcess
+from cluster.control.raytoken import refuses_unauthenticated, unauthenticated_answers
 from engine.procs import listeners
 
 KEY = "sk-abuse-" + os.urandom(8).hex()
@@ -52,6 +53,7 @@ def _answer(r: httpx.Response) -> str:
 class Abuse:
     def __init__(self, endpoint: str, model: str, side_channel_port: int | None) -> None:
         self.ep, self.model, self.side_channel_port = endpoint, model, side_channel_port
+        self.ttft: dict | None = None
 
     def chat(self, content: str = "Hi", **kw: Any) -> dict:
         return {"model": self.model, "messages": [{"role": "user", "content": content}], "max_tokens": 4, **kw}
@@ -92,6 +94,37 @@ class Abuse:
     def fan_out_batch(self) -> tuple[str, str]:
         body = {"model": self.model, "max_tokens": 2, "messages": [[{"role": "user", "content": "Hi"}]] * 100}
         return "/v1/chat/completions/batch with 100 conversations", _answer(_post(f"{self.ep}/v1/chat/completions/batch", body))
+
+    def _ttft(self, prompt: list[int], n: int) -> tuple[float, float]:
+        """(first, last) completion's time to its first token, streamed."""
+        body = {"model": self.model, "prompt": prompt, "max_tokens": 8, "n": n, "temperature": 0.7, "seed": 1,
+                "ignore_eos": True, "stream": True}
+        t0, firsts = time.monotonic(), {}
+        with httpx.stream("POST", f"{self.ep}/v1/completions", json=body, headers=AUTH, timeout=120,
+                          trust_env=False) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    for c in json.loads(line[6:]).get("choices", []):
+                        if c.get("text") and c["index"] not in firsts:
+                            firsts[c["index"]] = time.monotonic() - t0
+        return min(firsts.values()), max(firsts.values())
+
+    def fan_out_ttft(self) -> tuple[str, str]:
+        import random
+        import statistics
+
+        rng = random.Random(36)
+        one, eight = [], []
+        for _ in range(3):  # NOTE: alternating, a fresh prompt each time (no prefix-cache hit across runs)
+            one.append(self._ttft([rng.randrange(1000, 40000) for _ in range(256)], 1))
+            eight.append(self._ttft([rng.randrange(1000, 40000) for _ in range(256)], 8))
+        m1 = statistics.median(t for t, _ in one)
+        m8 = statistics.median(t for _, t in eight)
+        self.ttft = {"n1_s": [round(t, 3) for t, _ in one], "n8_first_s": [round(t, 3) for t, _ in eight],
+                     "n8_last_s": [round(t, 3) for _, t in eight], "ratio_last_n8_to_n1": round(m8 / m1, 2)}
+        return ("256-token prompt, n = 8 vs n = 1 (TTFT of the last of the 8, median of 3)",
+                f"{m8:.2f} s vs {m1:.2f} s ({m8 / m1:.2f}x)")
 
     def kv_params(self) -> tuple[str, str]:
         body = self.chat(kv_transfer_params={"do_remote_prefill": True, "remote_host": "203.0.113.9"})
@@ -201,19 +234,34 @@ def settled(endpoint: str, timeout_s: float = 30) -> dict:
     return last
 
 
-GUARD = {"ServeReplica": "Ray token (Serve's replica gRPC)", "gcs_server": "Ray token", "raylet": "Ray token"}
+def markdown(report: dict) -> str:
+    """The README's table from a committed abuse JSON."""
+    lines = ["| abuse tried | the server answered | stayed up, lost nothing |", "|---|---|---|"]
+    for r in report["rows"]:
+        lines.append(f"| {r['tried']} | {r['answer']} | {'yes' if r['kept'] else 'NO: ' + json.dumps(r['after'])} |")
+    off = [s for s in report["listeners"] if s["guard"] != "loopback"]
+    lines.append(f"| what listens: {len(report['listeners'])} sockets of the process tree | "
+                 + (", ".join(f"{s['process'][:28]} on {s['host']}:{s['port']}: {s['guard']}" for s in off)
+                    or "all on loopback") + " | the rest on loopback |")
+    git = report["git"]
+    return "\n".join(lines) + (f"\n\n(measured {report['started_at']} at {git.get('commit', '?')[:7]}"
+                               f"{' (dirty tree)' if git.get('dirty') else ''}, {report['machine'].get('cpu_model', '?')})")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="write the table as JSON here")
+    ap.add_argument("--markdown", metavar="JSON", help="print the Markdown table of a committed run and exit")
     a = ap.parse_args()
+    if a.markdown:
+        print(markdown(json.loads(Path(a.markdown).read_text())))
+        return 0
     prov = Provenance.start(["python", "-m", "benchmarks.abuse"], sys.argv[1:])
     tmp = Path(tempfile.mkdtemp(prefix="saaf-abuse-"))
     (tmp / "deploy.yaml").write_text(yaml.safe_dump(CONFIG))
     os.environ["SAAF_ABUSE_KEY"] = KEY
     dp = DeployProcess(str(tmp / "deploy.yaml"))
-    rows, socks, ready = [], [], None
+    rows, socks, ready, ab = [], [], None, None
     try:
         ready = dp.start(600)
         out = "".join(dp.lines)
@@ -222,7 +270,7 @@ def main() -> int:
         port = next((int(ln.split()[4]) for ln in dp.lines if ln.startswith("prefill ")), None)
         ab = Abuse(endpoint, model, port)
         for name in ("no_key", "wrong_key", "suffix_path", "open_health", "docs", "fan_out_n", "fan_out_prompts",
-                     "fan_out_batch", "kv_params", "same_id", "slow_reader", "slowloris", "connection_flood",
+                     "fan_out_batch", "fan_out_ttft", "kv_params", "same_id", "slow_reader", "slowloris", "connection_flood",
                      "side_channel_garbage"):
             t0 = time.monotonic()
             try:
@@ -235,14 +283,19 @@ def main() -> int:
                          "secs": round(time.monotonic() - t0, 1)})
             print(f"{tried:<75} {answer:<45} {'kept' if rows[-1]['kept'] else 'LOST ' + json.dumps(after)}", flush=True)
         for ls in listeners(dp.pids()):
-            guard = "loopback" if ls.loopback else next((g for k, g in GUARD.items() if k in ls.process), "NONE")
+            guard = "loopback"
+            if not ls.loopback:  # NOTE: asked, not assumed: a call without the Ray token
+                answers = unauthenticated_answers(f"127.0.0.1:{ls.port}")
+                guard = ("Ray token (a call without it: UNAUTHENTICATED)" if refuses_unauthenticated(answers)
+                         else f"NONE ({answers})")
             socks.append({"pid": ls.pid, "process": ls.process[:60], "host": ls.host, "port": ls.port, "guard": guard})
         print(f"{len(socks)} listening sockets; not on loopback: "
               + (", ".join(f"{s['process'][:30]} {s['host']}:{s['port']} ({s['guard']})" for s in socks
                            if s["guard"] != "loopback") or "none"))
     finally:
         left = dp.stop()
-    body = {"ready_s": ready and round(ready, 1), "config": CONFIG, "rows": rows, "listeners": socks, "left_after_sigterm": left}
+    body = {"ready_s": ready and round(ready, 1), "config": CONFIG, "rows": rows, "listeners": socks,
+            "n8_vs_n1_ttft": getattr(ab, "ttft", None) if ready else None, "left_after_sigterm": left}
     if a.out:
         write_artefact(a.out, prov, body)
     return 0

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from cluster.vllm_flags import refused_vllm_args
 from engine.config import EngineConfig
 from kvtransfer.config import TransferConfig
 from placement.config import SLOSpec
@@ -184,39 +185,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-# vLLM server flags the ingress does not run vLLM's server for: each is ours to set (or not offered), so
-# passing one would be silently ignored. NOTE: refused rather than ignored, naming the setting that does it.
-VLLM_ARGS_REFUSED = {
-    "--api-key": "serve.api_keys",
-    "--allowed-origins": "serve.cors_origins",
-    "--allowed-methods": "serve.cors_origins (methods: GET, POST, OPTIONS)",
-    "--allowed-headers": "serve.cors_origins (any header)",
-    "--allow-credentials": "serve.cors_origins (no credentials: keys travel in Authorization)",
-    "--disable-fastapi-docs": "serve.docs (off by default)",
-    "--middleware": "nothing: the ingress runs only its own middleware",
-    "--host": "serve.host",
-    "--port": "serve.port",
-    "--uds": "serve.host",
-    "--root-path": "serve.route_prefix",
-    "--ssl-keyfile": "TLS in front of the endpoint (a load balancer or proxy)",
-    "--ssl-certfile": "TLS in front of the endpoint (a load balancer or proxy)",
-    "--ssl-ca-certs": "TLS in front of the endpoint (a load balancer or proxy)",
-    "--ssl-cert-reqs": "TLS in front of the endpoint (a load balancer or proxy)",
-    "--enable-ssl-refresh": "TLS in front of the endpoint (a load balancer or proxy)",
-}
-
-
-def refused_vllm_args(argv: list[str]) -> list[str]:
-    """One message per vLLM server flag in `argv` that the ingress would not honour (VLLM_ARGS_REFUSED)."""
-    out = []
-    for a in argv:
-        flag = a.split("=", 1)[0]
-        flag = "--" + flag.lstrip("-").replace("_", "-") if flag.startswith("-") else flag
-        if flag in VLLM_ARGS_REFUSED:
-            out.append(f"{flag} is vLLM's own server's, not used by this ingress; use {VLLM_ARGS_REFUSED[flag]}")
-    return out
 
 
 class ServeConfig(BaseModel):

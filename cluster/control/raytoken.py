@@ -98,6 +98,36 @@ def forget(gcs_address: str | None, path: Path | None) -> None:
                 p.unlink()
 
 
+# Ray gRPC methods one of which each Ray server has (Serve replica, core worker, GCS, raylet)
+RAY_METHODS = ("/ray.serve.ASGIService/HandleRequest", "/ray.rpc.CoreWorkerService/NumPendingTasks",
+               "/ray.rpc.NodeInfoGcsService/GetClusterId", "/ray.rpc.NodeManagerService/GetNodeStats")
+
+
+def unauthenticated_answers(address: str, timeout_s: float = REQUIRES_TIMEOUT_S) -> dict[str, str]:
+    """What each of RAY_METHODS that ``address`` (host:port) serves answers a call without a token: a gRPC
+    status name ("UNAUTHENTICATED" where Ray's token is checked, "OK" where it is not, "UNAVAILABLE" when it
+    is no gRPC server). Methods it does not serve (UNIMPLEMENTED) are left out."""
+    import grpc
+
+    out = {}
+    ch = grpc.insecure_channel(address)
+    try:
+        for m in RAY_METHODS:
+            try:
+                ch.unary_unary(m, request_serializer=lambda b: b, response_deserializer=lambda b: b)(b"", timeout=timeout_s)
+                out[m] = "OK"
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    out[m] = e.code().name
+    finally:
+        ch.close()
+    return out
+
+
+def refuses_unauthenticated(answers: dict[str, str]) -> bool:
+    return "UNAUTHENTICATED" in answers.values() and "OK" not in answers.values()
+
+
 def requires_token(gcs_address: str, timeout_s: float = REQUIRES_TIMEOUT_S) -> bool:
     """Does the GCS at host:port refuse an unauthenticated call? (A call with a token succeeds either way,
     so only one without tells.) Raises ConnectionError when it cannot be asked."""

@@ -50,8 +50,14 @@ class Job:
                              ladder[0][1] if ladder else hash(tuple(ids[:PREFIX_MIN])), ladder,
                              first_token_carries(params))
         n = params.n or 1
-        self.legs = [Leg(svc, request_id if n == 1 else f"{request_id}-c{i}", ids, leg_params(params, i), route,
-                         deadline) for i in range(n)]
+        # NOTE: n > 1 prefills the prompt once: completions 1..n-1 follow completion 0 onto its decode worker
+        # (Leg.lead). Not for a single token: completion 0 then ends on the prefill worker, nothing to share.
+        share = n > 1 and (params.max_tokens or 1) > 1
+        self.legs: list[Leg] = []
+        for i in range(n):
+            lead = self.legs[0] if share and i else None
+            self.legs.append(Leg(svc, request_id if n == 1 else f"{request_id}-c{i}", ids, leg_params(params, i),
+                                 route, deadline, lead=lead))
         self.cached_tokens = 0
         if svc.traffic is not None:
             svc.traffic.arrival(len(ids), n)

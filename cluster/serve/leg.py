@@ -80,8 +80,14 @@ def _movable(params: Any) -> bool:
 
 class Leg:
     def __init__(self, svc: Services, request_id: str, ids: list[int], params: Any, route: RouteRequest,
-                 deadline: float) -> None:
+                 deadline: float, lead: Leg | None = None) -> None:
         self.svc = svc
+        # NOTE: completion i > 0 of an n-way request is a sibling of completion 0 (its lead): the prompt is
+        # prefilled and moved once, for the lead; a sibling runs on the lead's decode worker once the lead's
+        # KV is there, its prompt then a prefix-cache hit (only the last partial block is computed again).
+        self.lead = lead
+        self.kv_ready = asyncio.Event()  # set once this leg's prompt KV is on `kv_on`, or it never will be
+        self.kv_on: str | None = None
         self.request_id = request_id
         self.ids = ids
         self.params = params  # vLLM SamplingParams, n=1
@@ -101,10 +107,30 @@ class Leg:
 
     # ---- admission -------------------------------------------------------------------------------
     def admit(self) -> asyncio.Future[RouteDecision]:
-        """The first routing decision (idempotent). Raises ServeError (429/503) when refused."""
+        """The first routing decision (idempotent). Raises ServeError (429/503) when refused. A sibling is
+        admitted with its lead, onto the lead's decode worker."""
         if self._admitting is None:
-            self._admitting = asyncio.ensure_future(self.svc.admission.route(self.route))
+            self._admitting = asyncio.ensure_future(
+                self.svc.admission.route(self.route) if self.lead is None else self._beside_lead())
         return self._admitting
+
+    async def _beside_lead(self) -> RouteDecision:
+        dec = await self.lead.admit()  # type: ignore[union-attr]
+        return dec._replace(prefill=None, local=True, placement="local:sibling", ticket=0)
+
+    async def _lead_kv(self, dec: RouteDecision) -> RouteDecision:
+        """Wait (within the deadline) until the lead's KV is on its decode worker; if it never gets there
+        (the lead failed, moved, or ended at its first token), this sibling is routed on its own."""
+        lead = self.lead
+        assert lead is not None
+        try:
+            await asyncio.wait_for(lead.kv_ready.wait(), timeout=max(self._left(), 0.001))
+        except TimeoutError:
+            raise _timeout("request", self.svc.cfg.serve.request_timeout_s) from None
+        if lead.kv_on is not None and lead.kv_on == dec.decode and self.svc.members.handle(dec.decode) is not None:
+            return dec
+        self.lead = None
+        return await self.svc.admission.route(self.route, must_admit=True)
 
     def _left(self) -> float:
         return self.deadline - time.monotonic()
@@ -126,6 +152,8 @@ class Leg:
             route = self.route._replace(prompt_tokens=len(prompt), max_tokens=left)
             if attempt == 0:
                 dec = await self.admit()
+                if self.lead is not None:
+                    dec = await self._lead_kv(dec)
             else:
                 dec = await self.svc.admission.route(route, excluded, must_admit=True)
             self.decision, self.routed_at = dec, time.monotonic()
@@ -133,17 +161,22 @@ class Leg:
                 where, _, why = (dec.placement or ("local:policy" if dec.local else "remote:policy")).partition(":")
                 self.svc.metrics.placement.labels(where, why).inc()
             rid = self.request_id if attempt == 0 else f"{self.request_id}-r{attempt}"
+            predicted = self.lead is None  # NOTE: the router predicted this leg; a sibling rides on its lead's
             try:
                 async for out in self._attempt(rid, prompt, p, dec):
                     n = len(out.outputs[0].token_ids) if out.outputs else 0
                     if n and self.first_token_at is None:
                         self.first_token_at = time.monotonic()
-                        self.svc.admission.policy.observe_first_token(dec, self.route,
-                                                                      self.first_token_at - self.routed_at)
+                        if predicted:
+                            self.svc.admission.policy.observe_first_token(dec, self.route,
+                                                                          self.first_token_at - self.routed_at)
+                    if n and (dec.local or self.svc.cfg.mode == "colocated"):
+                        self._kv_landed(dec.decode)  # NOTE: the prompt was prefilled there
                     self.tokens += n
                     produced.extend(out.outputs[0].token_ids if out.outputs else ())
                     yield out
-                self._observe()
+                if predicted:
+                    self._observe()
                 return
             except WorkerDied as e:
                 logger.warning("worker %s died serving %s after %d tokens (attempt %d): %s", e.worker, rid,
@@ -216,6 +249,8 @@ class Leg:
             if isinstance(item, TransferTelemetry):
                 self._unpulled = None
                 self.svc.transfers.record(item)
+                if item.outcome != "failed":  # NOTE: pulled, or recomputed there: the prompt's KV is on it
+                    self._kv_landed(dec.decode)
                 continue
             if first is not None:  # NOTE: the decode engine sampled token 1 itself (regenerate path)
                 item.prompt_logprobs = first.prompt_logprobs
@@ -284,10 +319,16 @@ class Leg:
             with contextlib.suppress(Exception):
                 ray.cancel(gen)
 
+    def _kv_landed(self, worker: str | None) -> None:
+        if not self.kv_ready.is_set():
+            self.kv_on = worker
+            self.kv_ready.set()
+
     # ---- cleanup ---------------------------------------------------------------------------------
     def close(self) -> None:
         """Stop everything in flight; safe to call more than once and from a cancelled task."""
         self._closed = True
+        self.kv_ready.set()  # NOTE: siblings waiting on this leg's KV stop waiting (kv_on stays as it was)
         if self._admitting is not None and not self._admitting.done():
             self._admitting.cancel()
         for ref in list(self._refs):

@@ -17,9 +17,14 @@ import httpx
 import pytest
 import yaml
 
+from cluster.control.raytoken import requires_token
 from kvtransfer.config import free_port
+from tests.helpers.listeners import exposed, open_ones
 
 pytestmark = pytest.mark.integration
+
+
+CLUSTER_PIDS: list[int] = []  # the two `ray start` processes of the module's cluster
 
 
 def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -76,6 +81,7 @@ def ray_cluster(ray_session):
         proc.terminate()
         pytest.fail(f"the second Ray node did not join: {r.stdout[-500:]} {r.stderr[-1000:]}")
     # NOTE: one Serve instance per Ray cluster; its HTTP port is fixed by the first deployment.
+    CLUSTER_PIDS[:] = [proc.pid, worker.pid]
     yield address, free_port(), (masked if can_mask else None)
     ours = descendants(proc.pid) + descendants(worker.pid)
     # NOTE: SIGKILL, not SIGTERM: on SIGTERM `ray start --block` drains its node for up to 30 s (Serve's
@@ -135,6 +141,12 @@ def test_explicit_config_status_scale_under_load_shutdown(ray_cluster, tmp_path)
     stats = httpx.get(f"{endpoint}/v1/stats", timeout=10).json()
     assert {w["role"]: w["node_id"] for w in stats["workers"]} == by_role
     assert stats["transfers"], "no KV transfer recorded between the two nodes"
+    # Cluster mode (issue 36): every listener of both nodes' process trees, the deployment's engines and ingress
+    # included, is on loopback or refuses a call without the cluster's Ray token; the GCS requires it.
+    found = exposed(CLUSTER_PIDS)
+    assert not open_ones(found), open_ones(found)
+    assert any("ServeReplica" in ls.process for ls, _ in found)
+    assert requires_token(ray_cluster)
 
     # Load during the scale-down of both pools: every request must succeed.
     results: list[int] = []

@@ -89,20 +89,6 @@ def test_open_health_says_only_healthy_and_docs_are_off(endpoint):
     assert stats["workers"]  # the workers' stats are still there, where keys apply
 
 
-def _unauthenticated_call(port: int, method: str) -> str:
-    """The gRPC status a call without Ray's token gets from 127.0.0.1:port (no Ray interceptors here)."""
-    import grpc
-
-    ch = grpc.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        ch.unary_unary(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)(b"", timeout=5)
-        return "OK"
-    except grpc.RpcError as e:
-        return e.code().name
-    finally:
-        ch.close()
-
-
 def test_every_listener_is_on_loopback_or_refuses_callers_without_the_ray_token(deployment, ray_session):
     """The whole process tree of this session (its embedded Ray, the engines, the ingress): each listening
     socket is on 127.0.0.1 / ::1, or refuses a gRPC call that carries no Ray token (Ray Serve's replica server
@@ -112,16 +98,39 @@ def test_every_listener_is_on_loopback_or_refuses_callers_without_the_ray_token(
 
     from cluster.control.raytoken import requires_token
     from engine.procs import listeners, tree
+    from tests.helpers.listeners import exposed, open_ones
 
-    found = listeners(tree(os.getpid()))
-    assert len(found) > 5, found  # the scan itself works: Ray alone holds several
-    exposed = [ls for ls in found if not ls.loopback]
-    for ls in exposed:
-        methods = ("/ray.serve.ASGIService/HandleRequest", "/ray.rpc.CoreWorkerService/NumPendingTasks")
-        got = {m: _unauthenticated_call(ls.port, m) for m in methods}
-        assert "UNAUTHENTICATED" in got.values() and "OK" not in got.values(), (ls, got)
-    assert any("ServeReplica" in ls.process for ls in exposed)  # Serve's [::] server is there, and was tried
+    assert len(listeners(tree(os.getpid()))) > 5  # the scan itself works: Ray alone holds several
+    found = exposed([os.getpid()])
+    assert not open_ones(found), open_ones(found)
+    assert any("ServeReplica" in ls.process for ls, _ in found)  # Serve's [::] server is there, and was tried
     gcs = ray_session.get_runtime_context().gcs_address
     assert requires_token(gcs)
     token = os.environ["RAY_AUTH_TOKEN_PATH"]
     assert os.environ["RAY_AUTH_MODE"] == "token" and stat.S_IMODE(os.stat(token).st_mode) == 0o600
+
+
+def test_n_completions_are_prefilled_and_moved_once(endpoint, model_name, workers):
+    """n = 4 (seeded): one prefill and one KV transfer for the request, not four; completion i equals the
+    lone request with seed + i, as vLLM seeds its children (the siblings decode on the lead's decode worker
+    from its prefix-cached prompt)."""
+    import ray
+
+    decode = [h for role, h in workers.values() if role == "decode"]
+    prompt = list(range(1000, 1000 + 300))  # NOTE: not block-aligned: the siblings recompute < one block each
+    body = {"model": model_name, "prompt": prompt, "max_tokens": 6, "temperature": 0.8, "ignore_eos": True}
+
+    def counts() -> tuple[int, int]:
+        per = [ray.get(h.transfer_counters.remote(), timeout=30) for h in decode]
+        m = httpx.get(f"{endpoint}/metrics", timeout=10, trust_env=False).text
+        prefills = sum(float(ln.split()[-1]) for ln in m.splitlines() if ln.startswith("saaf_prefill_seconds_count"))
+        return sum(c["transfers"] + c["recomputes"] for c in per), int(prefills)
+
+    before = counts()
+    many = _post(endpoint, "/v1/completions", dict(body, n=4, seed=7))
+    assert many.status_code == 200, many.text
+    after = counts()
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1), (before, after)
+    texts = [c["text"] for c in sorted(many.json()["choices"], key=lambda c: c["index"])]
+    alone = [_post(endpoint, "/v1/completions", dict(body, seed=7 + i)).json()["choices"][0]["text"] for i in range(4)]
+    assert texts == alone, (texts, alone)

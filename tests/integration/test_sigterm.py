@@ -286,8 +286,13 @@ def test_api_keys_from_the_environment_guard_the_endpoint(deploy_cli):
     r = httpx.post(f"{endpoint}/v1/messages", timeout=60, headers={"x-api-key": API_KEY}, json={
         "model": model, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200, r.text
-    assert httpx.get(f"{endpoint}/health", timeout=10).status_code == 200
-    assert "saaf_requests_total" in httpx.get(f"{endpoint}/metrics", timeout=10).text
+    health = httpx.get(f"{endpoint}/health", timeout=10)
+    assert health.status_code == 200 and health.json() == {"status": "ok"}  # open, so it says only that
+    metrics = httpx.get(f"{endpoint}/metrics", timeout=10).text
+    assert "saaf_requests_total" in metrics
+    # the key is never shown back (issue 36): not in /v1/stats, /metrics or anything the deploy printed
+    stats = httpx.get(f"{endpoint}/v1/stats", timeout=10, headers={"Authorization": f"Bearer {API_KEY}"}).text
+    assert API_KEY not in stats and API_KEY not in metrics and not any(API_KEY in ln for ln in lines)
 
 
 def test_a_flood_is_refused_at_once_and_nothing_hangs(deploy_cli):

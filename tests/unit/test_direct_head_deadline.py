@@ -4,14 +4,12 @@ serve.header_timeout_s; a normal client, and a keep-alive one, are served."""
 
 from __future__ import annotations
 
-import asyncio
 import socket
-import threading
 import time
 
 import pytest
 
-from cluster.serve.direct import bind, serve_forever
+from tests.helpers.direct_server import direct_server
 
 TIMEOUT_S = 0.6
 
@@ -23,31 +21,8 @@ async def _app(scope, receive, send) -> None:
 
 @pytest.fixture(scope="module")
 def server():
-    sock = bind("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    loop = asyncio.new_event_loop()
-    task: list[asyncio.Task] = []
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        task.append(loop.create_task(serve_forever(_app, sock, "/", header_timeout_s=TIMEOUT_S)))
-        try:
-            loop.run_until_complete(task[0])
-        except asyncio.CancelledError:
-            pass
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    yield port
-    loop.call_soon_threadsafe(task[0].cancel)
-    th.join(10)
+    with direct_server(_app, header_timeout_s=TIMEOUT_S) as port:
+        yield port
 
 
 def _closed_after(conn: socket.socket, limit_s: float) -> float | None:
