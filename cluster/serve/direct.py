@@ -19,11 +19,19 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+SEND_BUFFER_BYTES = 256 << 10  # per connection; at 50 ms round trips still ~5 MB/s to one client
+
+
 def bind(host: str, port: int) -> socket.socket:
     """The listening socket, bound now so a taken port fails the replica with a clear message."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # NOTE: each accepted connection inherits this send buffer (the kernel doubles it). Left to autotuning it
+    # grows to megabytes, which a client that never reads fills with a whole streamed answer: its request then
+    # runs to the end for nobody, and a thousand such clients pin gigabytes of kernel memory. Bounded, writes
+    # pause after ~0.6 MB unread and serve.send_timeout_s cuts the connection (deadline_protocol).
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
     try:
         sock.bind((host, port))
     except OSError as e:
