@@ -66,12 +66,21 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--prefill-tp", type=int, default=1)
     q.add_argument("--decode-instances", type=int, default=1)
     q.add_argument("--decode-tp", type=int, default=1)
-    q.add_argument("--isl", type=int, required=True)
-    q.add_argument("--osl", type=int, required=True)
-    g = q.add_mutually_exclusive_group(required=True)
+    q.add_argument("--isl", type=int, default=None, help="prompt tokens per request (not with --trace)")
+    q.add_argument("--osl", type=int, default=None, help="output tokens per request (not with --trace)")
+    g = q.add_mutually_exclusive_group()
     g.add_argument("--concurrency", type=int)
     g.add_argument("--rate", type=float)
     q.add_argument("--requests", type=int, default=None)
+    q.add_argument("--trace", default=None, help="replay exactly these requests (.exp as DistServe writes them, "
+                                                 ".jsonl or .csv: arrival, prompt and output tokens, measured "
+                                                 "TTFT/TPOT if any; placement/trace.py) instead of --isl/--osl/--rate")
+    q.add_argument("--config", default=None, help="with --trace: model, hardware, dtypes, latency coefficients and "
+                                                  "SLO from this planner YAML (e.g. manifests/plan-distserve-opt13b.yaml)")
+    q.add_argument("--ttft-slo-ms", type=float, default=None, help="with --trace: TTFT target for attainment")
+    q.add_argument("--tpot-slo-ms", type=float, default=None, help="with --trace: TPOT target for attainment")
+    q.add_argument("--max-prefill-tokens", type=int, default=None, help="prompt tokens per prefill batch "
+                                                                         "(default: the backend's)")
     q.add_argument("--json", action="store_true")
 
     v = sub.add_parser("validate", help="fit on part of measured serving results, report the error on the rest")
@@ -120,15 +129,54 @@ def _roofline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from placement.config import load_planner_config
+    from placement.replay import format_replay, replay
+    from placement.trace import load_trace_file
+
+    for flag in ("isl", "osl", "concurrency", "rate", "requests", "profile"):
+        if getattr(args, flag) is not None:
+            raise PlacementError(f"--{flag} does not go with --trace: the trace gives every request's arrival and "
+                                 "lengths; drop it")
+    trace = load_trace_file(args.trace)
+    model, hardware, wdt, kdt, spec = args.model, args.hardware, args.weight_dtype, args.kv_dtype, None
+    ttft, tpot = 1.0, 0.1
+    if args.config:
+        pc = load_planner_config(args.config)
+        if pc.hardware.name is None:
+            raise PlacementError(f"--trace with {args.config}: its hardware is a measured profile; replay takes a "
+                                 "catalog accelerator (hardware.name)")
+        model, hardware, wdt, kdt = pc.model.name, pc.hardware.name, pc.model.weight_dtype, pc.model.kv_dtype
+        spec, ttft, tpot = pc.latency, pc.slo.ttft_s, pc.slo.tpot_s
+    out = replay(trace, model=model, hardware=hardware, weight_dtype=wdt, kv_dtype=kdt, mode=args.mode,
+                 instances=args.instances, tp=args.tp, prefill_instances=args.prefill_instances,
+                 prefill_tp=args.prefill_tp, decode_instances=args.decode_instances, decode_tp=args.decode_tp,
+                 latency=spec, backend=args.backend, max_prefill_tokens=args.max_prefill_tokens,
+                 first_token_from_prefill=args.first_token_from_prefill,
+                 ttft_slo_s=args.ttft_slo_ms / 1e3 if args.ttft_slo_ms else ttft,
+                 tpot_slo_s=args.tpot_slo_ms / 1e3 if args.tpot_slo_ms else tpot)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(format_replay(out))
+    return 0
+
+
 def _predict(args: argparse.Namespace) -> int:
     from placement.predict import format_prediction, predict
 
+    if args.trace:
+        return _replay(args)
+    if args.config or args.ttft_slo_ms or args.tpot_slo_ms:
+        raise PlacementError("--config, --ttft-slo-ms and --tpot-slo-ms go with --trace")
+    if args.isl is None or args.osl is None or (args.concurrency is None and args.rate is None):
+        raise PlacementError("give --isl, --osl and one of --concurrency / --rate, or --trace FILE")
     out = predict(model=args.model, hardware=args.hardware, weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype,
                   mode=args.mode, instances=args.instances, tp=args.tp, prefill_instances=args.prefill_instances,
                   prefill_tp=args.prefill_tp, decode_instances=args.decode_instances, decode_tp=args.decode_tp,
                   isl=args.isl, osl=args.osl, concurrency=args.concurrency, rate=args.rate, requests=args.requests,
                   profile=args.profile, backend=args.backend, local_prefill_tokens=args.local_prefill_tokens,
-                  first_token_from_prefill=args.first_token_from_prefill)
+                  first_token_from_prefill=args.first_token_from_prefill, max_prefill_tokens=args.max_prefill_tokens)
     print(json.dumps(out) if args.json else format_prediction(out))
     return 0
 
