@@ -100,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--truth-factor", type=float, default=1.25, help="the served system is the model times this")
     st.add_argument("--seed", type=int, default=0)
 
+    rv = sub.add_parser("replay-validate", help="replay DistServe's measured runs on their shapes, predicted beside "
+                                                "measured (placement/replay_validation.py)")
+    rv.add_argument("--ref", required=True, help="folder of DistServe .exp runs (../shared/reference/distserve-opt13b)")
+    rv.add_argument("--config", required=True, help="planner YAML with the model, hardware, coefficients and SLO")
+    rv.add_argument("--out", required=True, help="folder for README.md and results.json")
+
     sub.add_parser("profile", help="moved: python -m benchmarks.profile (this command says so and exits 2)")
     return ap
 
@@ -221,6 +227,15 @@ def _profile(args: argparse.Namespace | None = None) -> int:
     return 2
 
 
+def _replay_validate(args: argparse.Namespace) -> int:
+    from placement.replay_validation import markdown, run, write
+
+    rep = run(args.ref, args.config)
+    write(rep, args.out, "python -m placement " + " ".join(args.argv))
+    print(markdown({"provenance": {"command": "", "date": "", "git_commit": "", "cpu": ""}, **rep}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if [a for a in argv if not a.startswith("-")][:1] == ["profile"]:
@@ -230,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     handlers: dict[str, Any] = {"plan": _plan, "roofline": _roofline, "predict": _predict, "validate": _validate,
-                                "replan-study": _replan_study, "profile": _profile}
+                                "replan-study": _replan_study, "replay-validate": _replay_validate,
+                                "profile": _profile}
     try:
         return int(handlers[args.cmd](args))
     except PlacementError as exc:

@@ -29,6 +29,14 @@ class Colocated(NamedTuple):
     tp: int
     goodput_rps: float
     goodput_per_gpu: float
+    chunked_prefill: bool = False
+
+    @property
+    def engine(self) -> str:
+        """Which colocated engine the baseline models."""
+        if self.chunked_prefill:
+            return "chunked prefill, today's vLLM: prompt chunks share each step's token budget with the decodes"
+        return "no chunked prefill, the 2024 vLLM of DistServe's runs: a prefill batch stalls every running decode"
 
 
 @dataclass
@@ -51,6 +59,7 @@ class PlacementPlan:
     node_packing: list[list[str]]
     colocated: Colocated | None
     feasible: bool = True
+    colocated_alt: Colocated | None = None  # the other colocated engine (chunked prefill or not)
     notes: list[str] = field(default_factory=list)
     cluster_gpus: int = 0
     gpu_hour_usd: float = 0.0
@@ -70,9 +79,12 @@ class PlacementPlan:
     def colocated_ratio(self) -> float | None:
         """Disaggregated over colocated goodput per GPU. NOTE: per GPU, not in total: the colocated
         engines rarely tile the plan's GPUs exactly (3 GPUs hold one TP2 engine and an idle GPU)."""
-        if self.colocated is None or self.colocated.goodput_per_gpu <= 0:
+        return self.ratio_to(self.colocated)
+
+    def ratio_to(self, c: Colocated | None) -> float | None:
+        if c is None or c.goodput_per_gpu <= 0:
             return None
-        return self.goodput_per_gpu / self.colocated.goodput_per_gpu
+        return self.goodput_per_gpu / c.goodput_per_gpu
 
     def to_json_dict(self) -> dict[str, Any]:
         def num(x: float | None) -> float | None:
@@ -105,10 +117,14 @@ class PlacementPlan:
             "notes": list(self.notes),
             "candidates": self.candidates,
         }
+        def baseline(c: Colocated) -> dict[str, Any]:
+            return {"gpus": c.gpus, "instances": c.instances, "tp": c.tp, "goodput_rps": num(c.goodput_rps),
+                    "goodput_per_gpu": num(c.goodput_per_gpu), "chunked_prefill": c.chunked_prefill,
+                    "engine": c.engine, "ratio": num(self.ratio_to(c))}
+
         if self.colocated is not None:
-            c = self.colocated
-            out["colocated"] = {"gpus": c.gpus, "instances": c.instances, "tp": c.tp,
-                                "goodput_rps": num(c.goodput_rps), "goodput_per_gpu": num(c.goodput_per_gpu)}
+            out["colocated"] = baseline(self.colocated)
+        out["colocated_baselines"] = [baseline(c) for c in (self.colocated, self.colocated_alt) if c is not None]
         if self.sweep:
             out["sweep"] = [{k: v for k, v in p.to_json_dict().items() if k not in ("node_packing", "sweep")}
                             for p in self.sweep]
@@ -142,12 +158,14 @@ def format_plan(plan: PlacementPlan) -> str:
         f"cost               ${_fmt(plan.cost_per_m_input_usd)} per M input tokens, "
         f"${_fmt(plan.cost_per_m_output_usd)} per M output tokens (at ${plan.gpu_hour_usd:g}/GPU-h)",
     ]
-    if plan.colocated is not None:
-        c = plan.colocated
-        ratio = plan.colocated_ratio
+    for c in (plan.colocated, plan.colocated_alt):
+        if c is None:
+            continue
+        ratio = plan.ratio_to(c)
         lines.append(f"colocated baseline {c.instances} x TP{c.tp} on {c.gpus} GPUs: {_fmt(c.goodput_rps)} req/s "
                      f"({_fmt(c.goodput_per_gpu)} per GPU); disaggregated/colocated per GPU = "
                      f"{_fmt(ratio, 'x') if ratio else 'inf (colocated meets no SLO)'}")
+        lines.append(f"  ({c.engine})")
     packing = plan.node_packing
     shown = packing if len(packing) <= 8 else packing[:6]
     lines.append("node packing")

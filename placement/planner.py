@@ -124,11 +124,15 @@ def make_plan(cfg: PlannerConfig) -> PlacementPlan:
     for c in pre + dec:
         logger.info("%s: prefill/decode goodput %.3f req/s (%.3f per GPU)", c.lat, c.goodput.rate_rps,
                     c.goodput.per_gpu)
-    colo = None
+    colo = colo_alt = None
     if s.colocated_baseline:
-        colo = best_by_per_gpu([PhaseChoice(lat, colocated_goodput(lat, wl, slo, s.max_prefill_tokens,
-                                                                   s.colocated_chunked_prefill))
-                                for lat in decs if lat.pp == 1] or [PhaseChoice(cands[0], pre[0].goodput)])
+        def best_colocated(chunked: bool) -> PhaseChoice:
+            return best_by_per_gpu([PhaseChoice(lat, colocated_goodput(lat, wl, slo, s.max_prefill_tokens, chunked))
+                                    for lat in decs if lat.pp == 1] or [PhaseChoice(cands[0], pre[0].goodput)])
+
+        # NOTE: both engine versions, the configured one first: the ratio against each is printed
+        colo = best_colocated(s.colocated_chunked_prefill)
+        colo_alt = best_colocated(not s.colocated_chunked_prefill)
     w = cfg.workload
     rates: list[float | None]
     if w.rate_sweep is not None:
@@ -136,7 +140,7 @@ def make_plan(cfg: PlannerConfig) -> PlacementPlan:
         rates = [float(r) for r in np.linspace(lo, hi, int(steps))]
     else:
         rates = [w.rate_rps]
-    plans = [_size(ctx, wl, algo, pre, dec, colo, r) for r in rates]
+    plans = [_size(ctx, wl, algo, pre, dec, colo, r, colo_alt) for r in rates]
     if hit:
         for p in plans:
             p.notes.append(f"prefill planned with {hit:.0%} of prompt tokens in the prefix cache "
@@ -167,7 +171,7 @@ def _cand(role: str, c: PhaseChoice) -> dict[str, object]:
 
 
 def _size(ctx: PlanContext, wl: Workload, algo: str, pre: list[PhaseChoice], dec: list[PhaseChoice],
-          colo: PhaseChoice | None, rate: float | None) -> PlacementPlan:
+          colo: PhaseChoice | None, rate: float | None, colo_alt: PhaseChoice | None = None) -> PlacementPlan:
     slo = ctx.cfg.slo
     gpn, total = ctx.gpus_per_node, ctx.total_gpus
     notes: list[str] = []
@@ -231,10 +235,15 @@ def _size(ctx: PlanContext, wl: Workload, algo: str, pre: list[PhaseChoice], dec
     cost_in = p_cost / (served * wl.mean_input * 3600) * 1e6 if served else math.inf
     cost_out = d_cost / (served * wl.mean_output * 3600) * 1e6 if served else math.inf
     plan_gpus = plan_n * bp.lat.gpus + plan_m * bd.lat.gpus
-    colocated = None
-    if colo is not None:
-        inst = plan_gpus // colo.lat.gpus
-        colocated = Colocated(plan_gpus, inst, colo.lat.tp, inst * colo.goodput.rate_rps, colo.goodput.per_gpu)
+    chunked = ctx.cfg.search.colocated_chunked_prefill
+
+    def baseline(c: PhaseChoice | None, chunked_prefill: bool) -> Colocated | None:
+        if c is None:
+            return None
+        inst = plan_gpus // c.lat.gpus
+        return Colocated(plan_gpus, inst, c.lat.tp, inst * c.goodput.rate_rps, c.goodput.per_gpu, chunked_prefill)
+
+    colocated, colocated_alt = baseline(colo, chunked), baseline(colo_alt, not chunked)
     pct = slo.percentile
     return PlacementPlan(
         prefill=PoolShape(plan_n, bp.lat.tp, bp.lat.pp), decode=PoolShape(plan_m, bd.lat.tp, bd.lat.pp),
@@ -242,6 +251,7 @@ def _size(ctx: PlanContext, wl: Workload, algo: str, pre: list[PhaseChoice], dec
         tpot_s=res.tpot().at(pct), attainment=att, percentile=pct, cost_per_m_input_usd=cost_in,
         cost_per_m_output_usd=cost_out, prefill_instance_goodput_rps=bp.goodput.rate_rps,
         decode_instance_goodput_rps=bd.goodput.rate_rps, node_packing=plan_packing, colocated=colocated,
+        colocated_alt=colocated_alt,
         feasible=feasible, notes=notes, cluster_gpus=total, gpu_hour_usd=price)
 
 

@@ -91,3 +91,17 @@ def test_the_cli_refuses_synthetic_workload_flags_with_a_trace(tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["requests"] == 1 and out["measured"] is None and out["predicted"]["attainment"] in (0.0, 1.0)
+
+
+def test_the_rate_at_90_percent_and_the_run_shapes():
+    from placement.replay_validation import _shape, rate_at
+
+    assert rate_at([1, 2, 3], [0.99, 0.95, 0.85]) == pytest.approx(2.5)  # between the runs around the first miss
+    assert rate_at([1, 2], [0.95, 0.92]) == 2 and rate_at([1, 2], [0.8, 0.7]) is None
+    assert _shape("vllm-300-3") == {"series": "colocated", "mode": "colocated", "tp": 1, "gpus": 1, "rate": 3.0}
+    s = _shape("distserve-c21d11-900-9")
+    assert (s["prefill_tp"], s["decode_tp"], s["gpus"], s["rate"]) == (2, 1, 3, 9.0)
+    with pytest.raises(PlacementError, match="pipeline parallelism"):
+        _shape("distserve-c12d11-300-3")
+    with pytest.raises(PlacementError, match="not a DistServe run name"):
+        _shape("other-1-2")

@@ -1,0 +1,26 @@
+"""`plan` sizes both colocated baselines, the configured engine first, and prints the ratio against each with
+the engine version each models (issue 37)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from placement.config import load_planner_config
+from placement.plan import format_plan
+from placement.planner import make_plan
+
+PLAN = Path(__file__).resolve().parents[2] / "manifests" / "plan-distserve-opt13b.yaml"
+
+
+def test_both_colocated_baselines_with_their_engines_and_ratios():
+    cfg = load_planner_config(PLAN)
+    plan = make_plan(cfg)
+    c, alt = plan.colocated, plan.colocated_alt
+    assert c is not None and alt is not None
+    assert c.chunked_prefill is cfg.search.colocated_chunked_prefill and alt.chunked_prefill is not c.chunked_prefill
+    j = plan.to_json_dict()
+    assert [b["chunked_prefill"] for b in j["colocated_baselines"]] == [c.chunked_prefill, alt.chunked_prefill]
+    for b, base in zip(j["colocated_baselines"], (c, alt), strict=True):
+        assert b["ratio"] == round(plan.goodput_per_gpu / base.goodput_per_gpu, 6) and b["engine"] == base.engine
+    text = format_plan(plan)
+    assert text.count("colocated baseline") == 2 and "stalls every running decode" in text and "chunked prefill, today" in text
