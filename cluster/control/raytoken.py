@@ -98,9 +98,12 @@ def forget(gcs_address: str | None, path: Path | None) -> None:
                 p.unlink()
 
 
-# Ray gRPC methods one of which each Ray server has (Serve replica, core worker, GCS, raylet)
+# Ray gRPC methods one of which each Ray server has (Serve replica, core worker, GCS, raylet node manager and
+# object manager, dashboard agent, Ray Client server)
 RAY_METHODS = ("/ray.serve.ASGIService/HandleRequest", "/ray.rpc.CoreWorkerService/NumPendingTasks",
-               "/ray.rpc.NodeInfoGcsService/GetClusterId", "/ray.rpc.NodeManagerService/GetNodeStats")
+               "/ray.rpc.NodeInfoGcsService/GetClusterId", "/ray.rpc.NodeManagerService/GetNodeStats",
+               "/ray.rpc.ObjectManagerService/Pull", "/ray.rpc.ReporterService/HealthCheck",
+               "/ray.rpc.RayletDriver/ClusterInfo")
 
 
 def unauthenticated_answers(address: str, timeout_s: float = REQUIRES_TIMEOUT_S) -> dict[str, str]:
