@@ -138,6 +138,15 @@ class Leg:
     # ---- running ---------------------------------------------------------------------------------
     async def outputs(self) -> AsyncIterator[Any]:
         """DELTA RequestOutputs of this completion (raw from the workers, prompt logprobs attached)."""
+        try:
+            async for out in self._outputs():
+                yield out
+        finally:
+            # NOTE: ended (done, failed, or over at its first token, before any decode held its KV): siblings
+            # waiting on it stop waiting; without a landing (kv_on) they are routed on their own.
+            self.kv_ready.set()
+
+    async def _outputs(self) -> AsyncIterator[Any]:
         produced: list[int] = []
         excluded: set[str] = set()
         for attempt in range(MAX_ATTEMPTS):

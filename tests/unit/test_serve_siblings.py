@@ -27,7 +27,9 @@ def _svc() -> tuple[Services, list]:
 
     metrics = Metrics()
     members = SimpleNamespace(handle=lambda w: object())
-    return Services(DeployConfig(), members, SimpleNamespace(route=route), metrics, TransferLog(metrics)), routed
+    policy = SimpleNamespace(observe_first_token=lambda *a: None, observe=lambda *a: None)
+    return (Services(DeployConfig(), members, SimpleNamespace(route=route, policy=policy), metrics, TransferLog(metrics)),
+            routed)
 
 
 def _legs(svc: Services, n: int) -> list[Leg]:
@@ -76,3 +78,28 @@ def test_a_job_shares_its_prefill_only_when_there_is_a_decode_to_share():
     assert many.legs[0].lead is None and all(leg.lead is many.legs[0] for leg in many.legs[1:])
     one_token = Job(svc, "k", [1, 2, 3], None, SamplingParams(n=4, max_tokens=1), 2.0, 0.2)
     assert all(leg.lead is None for leg in one_token.legs)  # completion 0 ends on the prefill worker
+
+
+def test_a_lead_that_ends_at_its_first_token_lets_its_siblings_go_at_once(monkeypatch):
+    """The lead's first token ends it (EOS) on the prefill worker: no decode ever holds its KV, so its siblings
+    are routed on their own when it ends, not after the request's deadline."""
+    svc, routed = _svc()
+
+    async def first_token_only(self, rid, ids, params, dec):
+        yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=[5])])  # EOS at once: no decode, no KV
+
+    monkeypatch.setattr(Leg, "_attempt", first_token_only)
+
+    async def go():
+        lead, a = _legs(svc, 2)
+        lead.params = a.params = SimpleNamespace(max_tokens=4, min_tokens=0, prompt_logprobs=None,
+                                                 clone=lambda: SimpleNamespace(max_tokens=4, min_tokens=0))
+        await lead.admit()
+        dec = await a.admit()
+        waiting = asyncio.ensure_future(a._lead_kv(dec))
+        async for _ in lead.outputs():
+            pass
+        own = await asyncio.wait_for(waiting, 5)
+        assert routed == [False, True] and own.decode == "decode-1" and lead.kv_on is None
+
+    asyncio.run(go())
