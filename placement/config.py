@@ -203,6 +203,9 @@ class PlannerConfig(_Strict):
     workload: WorkloadSpec = Field(description="arrivals and lengths")
     slo: SLOSpec = Field(description="latency targets")
     latency: LatencySpec = Field(LatencySpec(), description="latency model knobs and coefficients")
+    colocated_latency: LatencySpec | None = Field(None, description="latency model of the colocated baseline "
+                                                  "when it is another engine than the pools run (DistServe's "
+                                                  "runs: vLLM beside DistServe's own engine); default: latency")
     search: SearchSpec = Field(SearchSpec(), description="search space and simulation size")
     speculation: SpeculationSpec | None = Field(None, description="the decode (and colocated) engines speculate: "
                                                                   "their decode steps are modelled by "

@@ -47,7 +47,8 @@ class PlanContext:
             max_ctx = model.max_context
         return cls(cfg, model, hw, profile, gpn, cfg.cluster.nodes, price, max_ctx)
 
-    def latency(self, tp: int, pp: int) -> LatencyModel:
+    def latency(self, tp: int, pp: int, colocated: bool = False) -> LatencyModel:
+        """The (tp, pp) engine's model; `colocated` picks the colocated baseline's (colocated_latency if set)."""
         if self.profile is not None:
             assert self.cfg.hardware.profile is not None
             return LatencyModel.from_profile(self.cfg.hardware.profile)
@@ -55,7 +56,8 @@ class PlanContext:
         c = self.cfg
         return LatencyModel.from_catalog(self.model, self.hardware, tp=tp, pp=pp,
                                          weight_dtype=c.model.weight_dtype, kv_dtype=c.model.kv_dtype,
-                                         spec=c.latency, intra_node_gbps=c.cluster.intra_node_gbps,
+                                         spec=(c.colocated_latency or c.latency) if colocated else c.latency,
+                                         intra_node_gbps=c.cluster.intra_node_gbps,
                                          inter_node_gbps=c.cluster.inter_node_gbps, gpus_per_node=self.gpus_per_node)
 
     def workload(self) -> Workload:

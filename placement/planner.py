@@ -126,13 +126,18 @@ def make_plan(cfg: PlannerConfig) -> PlacementPlan:
                     c.goodput.per_gpu)
     colo = colo_alt = None
     if s.colocated_baseline:
-        def best_colocated(chunked: bool) -> PhaseChoice:
-            return best_by_per_gpu([PhaseChoice(lat, colocated_goodput(lat, wl, slo, s.max_prefill_tokens, chunked))
-                                    for lat in decs if lat.pp == 1] or [PhaseChoice(cands[0], pre[0].goodput)])
+        colos = [lat for lat in decs if lat.pp == 1]
+        if cfg.colocated_latency is not None:  # NOTE: another engine than the pools': its own coefficients
+            colos = [ctx.latency(lat.tp, 1, colocated=True).with_prefix_hits(hit) for lat in colos]
+            colos = [lat.with_speculation(sp.tokens, sp.acceptance) for lat in colos] if sp is not None else colos
+
+        def colocated(chunked: bool) -> list[PhaseChoice]:
+            return [PhaseChoice(lat, colocated_goodput(lat, wl, slo, s.max_prefill_tokens, chunked))
+                    for lat in colos] or [PhaseChoice(cands[0], pre[0].goodput)]
 
         # NOTE: both engine versions, the configured one first: the ratio against each is printed
-        colo = best_colocated(s.colocated_chunked_prefill)
-        colo_alt = best_colocated(not s.colocated_chunked_prefill)
+        colo = colocated(s.colocated_chunked_prefill)
+        colo_alt = colocated(not s.colocated_chunked_prefill)
     w = cfg.workload
     rates: list[float | None]
     if w.rate_sweep is not None:
@@ -157,7 +162,7 @@ def make_plan(cfg: PlannerConfig) -> PlacementPlan:
     plan = plans[-1]
     plan.candidates = [_cand(role, c) for role, cs in (("prefill", pre), ("decode", dec)) for c in cs]
     if colo is not None:
-        plan.candidates.append(_cand("colocated", colo))
+        plan.candidates.append(_cand("colocated", best_by_per_gpu(colo)))
     if len(plans) > 1:
         plan.sweep = plans
     plan.search_s = time.perf_counter() - t0
@@ -171,7 +176,8 @@ def _cand(role: str, c: PhaseChoice) -> dict[str, object]:
 
 
 def _size(ctx: PlanContext, wl: Workload, algo: str, pre: list[PhaseChoice], dec: list[PhaseChoice],
-          colo: PhaseChoice | None, rate: float | None, colo_alt: PhaseChoice | None = None) -> PlacementPlan:
+          colo: list[PhaseChoice] | None, rate: float | None,
+          colo_alt: list[PhaseChoice] | None = None) -> PlacementPlan:
     slo = ctx.cfg.slo
     gpn, total = ctx.gpus_per_node, ctx.total_gpus
     notes: list[str] = []
@@ -237,9 +243,11 @@ def _size(ctx: PlanContext, wl: Workload, algo: str, pre: list[PhaseChoice], dec
     plan_gpus = plan_n * bp.lat.gpus + plan_m * bd.lat.gpus
     chunked = ctx.cfg.search.colocated_chunked_prefill
 
-    def baseline(c: PhaseChoice | None, chunked_prefill: bool) -> Colocated | None:
-        if c is None:
+    def baseline(cs: list[PhaseChoice] | None, chunked_prefill: bool) -> Colocated | None:
+        if not cs:
             return None
+        # NOTE: on the plan's own GPUs: the best engine shape that fits them (the best overall where none does)
+        c = best_by_per_gpu([c for c in cs if c.lat.gpus <= plan_gpus] or cs)
         inst = plan_gpus // c.lat.gpus
         return Colocated(plan_gpus, inst, c.lat.tp, inst * c.goodput.rate_rps, c.goodput.per_gpu, chunked_prefill)
 

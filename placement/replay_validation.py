@@ -7,8 +7,9 @@ simulated on the shape it ran on, predicted beside measured, per run and per ser
 Shapes from the file names: `vllm-N-R` is one colocated vLLM engine at TP1 (the 2024 vLLM: no chunked prefill,
 so a prefill batch stalls the running decodes; backend `none`, a 2,048-token prefill budget);
 `distserve-cXYdZW-N-R` one prefill instance at TP X / PP Y and one decode instance at TP Z / PP W. Nothing is
-fitted here: the latency model is DistServe's own TP1 coefficients from the config (other TPs derived), so
-every run is held out. Writes results.json and README.md (whole, or not at all).
+fitted here, so every run is held out: the disaggregated runs use the config's `latency` (DistServe's own
+engine's TP1 coefficients, other TPs derived), the colocated ones its `colocated_latency` (vLLM's, as DistServe
+profiled it) where given. Writes results.json and README.md (whole, or not at all).
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ def run(ref: str | Path, config: str | Path) -> dict[str, Any]:
             "prefill_tp": shape["prefill_tp"], "decode_tp": shape["decode_tp"]}
         out = replay(load_trace_file(path), model=pc.model.name, hardware=str(pc.hardware.name),
                      weight_dtype=pc.model.weight_dtype, kv_dtype=pc.model.kv_dtype, mode=shape["mode"],
-                     latency=pc.latency, backend="none", ttft_slo_s=pc.slo.ttft_s, tpot_slo_s=pc.slo.tpot_s,
+                     latency=(pc.colocated_latency or pc.latency) if shape["mode"] == "colocated" else pc.latency,
+                     backend="none", ttft_slo_s=pc.slo.ttft_s, tpot_slo_s=pc.slo.tpot_s,
                      max_prefill_tokens=COLOCATED_BUDGET if shape["mode"] == "colocated" else None, **kw)
         p, m = out["predicted"], out["measured"]
         rows.append({"run": path.stem, **shape, "requests": out["requests"],

@@ -24,3 +24,17 @@ def test_both_colocated_baselines_with_their_engines_and_ratios():
         assert b["ratio"] == round(plan.goodput_per_gpu / base.goodput_per_gpu, 6) and b["engine"] == base.engine
     text = format_plan(plan)
     assert text.count("colocated baseline") == 2 and "stalls every running decode" in text and "chunked prefill, today" in text
+
+
+def test_the_colocated_baseline_runs_its_own_engines_latency_model():
+    """DistServe's runs set vLLM beside DistServe's engine: `colocated_latency` (vLLM's profiled coefficients)
+    models the baseline, and the verdict is DistServe's measured one, disaggregation ahead per GPU; the same
+    plan with the pools' coefficients for the baseline (the old ideal engine) says the opposite."""
+    cfg = load_planner_config(PLAN)
+    assert cfg.colocated_latency is not None
+    own = make_plan(cfg)
+    ideal = make_plan(cfg.model_copy(update={"colocated_latency": None}))
+    assert own.colocated is not None and ideal.colocated is not None
+    assert own.goodput_per_gpu / own.colocated.goodput_per_gpu > 1.2
+    assert ideal.colocated.goodput_per_gpu > own.colocated.goodput_per_gpu * 1.5
+    assert own.goodput_per_gpu == ideal.goodput_per_gpu  # the pools' own model is untouched
