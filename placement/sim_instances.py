@@ -68,7 +68,10 @@ class Pipeline:
 
 @dataclass(slots=True)
 class PrefillInstance:
-    """FIFO prefill with batches of up to `max_tokens` prompt tokens; `pp` batches may be in flight."""
+    """FIFO prefill with batches of up to `max_tokens` prompt tokens; `pp` batches may be in flight. A prompt's
+    KV stays in the instance's `kv_cap` tokens from its batch until a decode instance takes it (`kv_held`):
+    when decode memory is full, finished prompts pile up here and new batches wait (DistServe's context stage,
+    and vLLM's NIXL connector, where the prefill side frees its blocks once the decode side has read them)."""
 
     lat: LatencyModel
     max_tokens: int
@@ -76,23 +79,30 @@ class PrefillInstance:
     queued_tokens: int = 0
     in_flight: int = 0
     pipe: Pipeline = field(default_factory=lambda: Pipeline.of(1))
+    kv_cap: int = 1 << 62
+    kv_held: int = 0
 
     def take_batch(self, reqs: list[ReqState]) -> tuple[list[int], float]:
-        """Pop a batch (at least one request) and return it with its end-to-end latency."""
+        """Pop a batch and return it with its end-to-end latency; empty while the KV of the queue's head does
+        not fit beside what the instance holds (a prompt alone is always taken by an empty instance)."""
         batch: list[int] = []
         total = 0
         sq = 0
+        free = self.kv_cap - self.kv_held
         while self.queue:
             rid = self.queue[0]
             n = reqs[rid].input_len
             if batch and total + n > self.max_tokens:
+                break
+            if total + n > free and (batch or self.kv_held):
                 break
             self.queue.popleft()
             batch.append(rid)
             total += n
             sq += n * n
         self.queued_tokens -= total
-        return batch, self.lat.prefill_time_from_sums(total, sq)
+        self.kv_held += total
+        return batch, self.lat.prefill_time_from_sums(total, sq) if batch else 0.0
 
 
 @dataclass(slots=True)
@@ -124,7 +134,9 @@ class DecodeLane:
         self.admitted_step[rid] = self.step
         heapq.heappush(self.finishing, (self.step + r.output_len - 1, rid))
 
-    def admit_waiting(self, reqs: list[ReqState], now: float) -> None:
+    def admit_waiting(self, reqs: list[ReqState], now: float) -> list[int]:
+        """Admit waiting requests in order while their KV fits; return their ids."""
+        taken: list[int] = []
         while self.waiting:
             rid = self.waiting[0]
             r = reqs[rid]
@@ -134,6 +146,8 @@ class DecodeLane:
             self.waiting_tokens -= r.input_len
             r.decode_start = now
             self.admit(rid, r)
+            taken.append(rid)
+        return taken
 
     def step_time(self) -> float:
         return self.lat.decode_step_time_s(self.batch, self.context_tokens())

@@ -122,8 +122,9 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
     sim = _Sim(requests, clients, ramp_s, None if mode == "decode" else prefill_lat.request_overhead, n_decode)
     reqs = sim.reqs
     policy = dispatch or RoundRobinDispatch()
-    pre = [PrefillInstance(prefill_lat, max_prefill_tokens, pipe=Pipeline.of(prefill_lat.pp, prefill_lat))
-           for _ in range(n_prefill)]
+    pre = [PrefillInstance(prefill_lat, max_prefill_tokens, pipe=Pipeline.of(prefill_lat.pp, prefill_lat),
+                           kv_cap=prefill_lat.kv_capacity_tokens()) for _ in range(n_prefill)]
+    held = [False] * len(reqs)  # the prompt's KV is still on its prefill instance
     lanes_per = decode_lat.pp
     lane_cap = decode_lat.kv_capacity_tokens() // lanes_per
     pipes = [Pipeline.of(lanes_per, decode_lat) for _ in range(n_decode)]
@@ -149,15 +150,28 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
         if not p.queue or p.pipe.free_at[0] > now:
             return
         batch, dt = p.take_batch(reqs)
+        if not batch:  # NOTE: its KV is full of prompts no decode instance has taken yet: kicked on release
+            return
+        for rid in batch:
+            held[rid] = True
         p.in_flight += 1
         sim.push(p.pipe.run(now, dt, sum(reqs[rid].input_len for rid in batch)), _P_DONE, i, batch)
         if prefill_lat.pp > 1:
             sim.push(p.pipe.free_at[0], _P_FREE, i, None)
 
+    def release(rid: int, now: float) -> None:
+        """The prompt's KV leaves its prefill instance (taken by decode, or needing no decode)."""
+        if held[rid]:
+            held[rid] = False
+            r = reqs[rid]
+            pre[r.prefill_idx].kv_held -= r.input_len
+            kick_prefill(r.prefill_idx, now)
+
     def kick_lane(ln: DecodeLane, key: tuple[int, int], now: float) -> None:
         if ln.busy:
             return
-        ln.admit_waiting(reqs, now)
+        for rid in ln.admit_waiting(reqs, now):
+            release(rid, now)
         if local[key[0]]:
             take, dt = _take_local(ln, local[key[0]], reqs, max_prefill_tokens)
             if take:
@@ -176,6 +190,7 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
     def to_decode(rid: int, now: float) -> None:
         r = reqs[rid]
         if r.output_len <= 1:
+            release(rid, now)
             r.finish = now
             sim.completed(now)
             return
@@ -184,6 +199,7 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
         lane_rr[d] += 1
         ln = lanes[d][j]
         if r.input_len + r.output_len > ln.capacity:
+            release(rid, now)
             r.rejected = True
             sim.completed(now)
             return
@@ -235,6 +251,7 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
                 xfer = prefill_lat.kv_transfer_time_s(r.input_len, near(r.prefill_idx, r.decode_idx))
                 first = now if first_token_from_prefill else now + xfer
                 if mode == "prefill":
+                    release(rid, now)
                     r.first_token = r.finish = first
                     sim.completed(first)
                 else:
@@ -267,6 +284,7 @@ def simulate_disaggregated(prefill_lat: LatencyModel, decode_lat: LatencyModel, 
             for _rid in ln.finish_step(reqs, now, k):
                 sim.completed(now)
             kick_lane(ln, (a, j), now)
+    assert not any(held) and all(p.kv_held == 0 for p in pre), "prefill KV not released"
     for ls in lanes:
         for ln in ls:
             assert ln.kv_used == 0 and ln.batch == 0, f"decode lane not drained: kv={ln.kv_used} batch={ln.batch}"

@@ -81,6 +81,22 @@ def test_distserves_measured_runs_replayed_within_bounds(name):
 
 
 @needs_ref
+def test_an_overloaded_decode_instance_backs_up_into_prefill():
+    """distserve-c21d11-1050-10.5: decode is past saturation, its memory fills, finished prompts keep their KV on
+    the prefill instance until it is full, and prefill stops: measured TTFT p90 is 43 s. Replayed, the p90 is
+    within 25% of that (a prefill that freed its KV at once would put it under 0.3 s)."""
+    pc = load_planner_config(PLAN)
+    out = replay(load_trace_file(REF / "distserve-c21d11-1050-10.5.exp"), model=pc.model.name,
+                 hardware=pc.hardware.name, weight_dtype=pc.model.weight_dtype, kv_dtype=pc.model.kv_dtype,
+                 mode="disaggregated", prefill_tp=2, decode_tp=1, latency=pc.latency, backend="none",
+                 ttft_slo_s=pc.slo.ttft_s, tpot_slo_s=pc.slo.tpot_s)
+    p, m = out["predicted"], out["measured"]
+    assert m["ttft_s"]["p90"] > 30
+    assert p["ttft_s"]["p90"] == pytest.approx(m["ttft_s"]["p90"], rel=0.25)
+    assert p["ttft_s"]["p50"] == pytest.approx(m["ttft_s"]["p50"], rel=0.25)
+
+
+@needs_ref
 @pytest.mark.parametrize("name", ["vllm-150-1.5.exp", "vllm-300-3.exp"])
 def test_distserves_colocated_vllm_runs_replayed_within_bounds(name):
     """The colocated vLLM TP1 runs with the config's colocated_latency (vLLM's coefficients as DistServe profiled

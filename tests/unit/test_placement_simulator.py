@@ -67,6 +67,19 @@ def test_dispatch_rejections_counted_and_kv_limit_respected() -> None:
     assert res.attainment(1e9, 1e9) == pytest.approx(200 / 300)
 
 
+def test_prompts_waiting_for_decode_memory_hold_prefill_kv_and_stall_new_batches() -> None:
+    """Decode memory for ~10 requests and a long decode: finished prompts wait on the prefill instance with their
+    KV; a prefill instance holding 4 prompts' KV then stops taking batches (TTFT queues), one with room for all
+    does not. Every request still completes and every block is released (the simulator asserts it)."""
+    reqs = [Request(i * 0.05, 500, 200) for i in range(60)]
+    roomy = simulate_disaggregated(lat(), lat(capacity=7_000), 1, 1, reqs)
+    tight = simulate_disaggregated(lat(capacity=2_000), lat(capacity=7_000), 1, 1, reqs)
+    assert roomy.completed == tight.completed == 60
+    assert roomy.ttft().at("p90") < 1.0 and tight.ttft().at("p90") > 5.0
+    # the wait for decode memory moves from after the first token (TPOT) to before it (TTFT)
+    assert tight.tpot().at("p50") < roomy.tpot().at("p50") * 0.5
+
+
 def test_request_too_long_for_kv_is_rejected_not_lost() -> None:
     reqs = [Request(0.0, 100, 10), Request(0.1, 5000, 10), Request(0.2, 100, 10)]
     res = simulate_disaggregated(lat(), lat(capacity=1000), 1, 1, reqs)
