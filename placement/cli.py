@@ -232,8 +232,7 @@ def _replay_validate(args: argparse.Namespace) -> int:
     from placement.replay_validation import markdown, run, write
 
     rep = run(args.ref, args.config)
-    write(rep, args.out, "python -m placement " + " ".join(args.argv))
-    print(markdown({"provenance": {"command": "", "date": "", "git_commit": "", "cpu": ""}, **rep}))
+    print(markdown(write(rep, args.out, "python -m placement " + " ".join(args.argv))))
     return 0
 
 

@@ -130,7 +130,8 @@ def markdown(rep: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def write(rep: dict[str, Any], out: str | Path, command: str) -> None:
+def write(rep: dict[str, Any], out: str | Path, command: str) -> dict[str, Any]:
+    """Write results.json and README.md (each whole or not at all); return the report with its provenance."""
     rep = {"provenance": provenance(command, source="../shared/reference/distserve-opt13b"), **rep}
     d = Path(out)
     d.mkdir(parents=True, exist_ok=True)
@@ -138,3 +139,4 @@ def write(rep: dict[str, Any], out: str | Path, command: str) -> None:
         tmp = d / f".{name}.tmp"
         tmp.write_text(text)
         tmp.replace(d / name)
+    return rep
