@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--prefill-tp", type=int, default=1)
     q.add_argument("--decode-instances", type=int, default=1)
     q.add_argument("--decode-tp", type=int, default=1)
+    q.add_argument("--prefill-pp", type=int, default=1, help="disaggregated: pipeline stages per prefill instance")
+    q.add_argument("--decode-pp", type=int, default=1, help="disaggregated: pipeline stages per decode instance")
     q.add_argument("--isl", type=int, default=None, help="prompt tokens per request (not with --trace)")
     q.add_argument("--osl", type=int, default=None, help="output tokens per request (not with --trace)")
     g = q.add_mutually_exclusive_group()
@@ -158,6 +160,7 @@ def _replay(args: argparse.Namespace) -> int:
     out = replay(trace, model=model, hardware=hardware, weight_dtype=wdt, kv_dtype=kdt, mode=args.mode,
                  instances=args.instances, tp=args.tp, prefill_instances=args.prefill_instances,
                  prefill_tp=args.prefill_tp, decode_instances=args.decode_instances, decode_tp=args.decode_tp,
+                 prefill_pp=args.prefill_pp, decode_pp=args.decode_pp,
                  latency=spec, backend=args.backend, max_prefill_tokens=args.max_prefill_tokens,
                  first_token_from_prefill=args.first_token_from_prefill,
                  ttft_slo_s=args.ttft_slo_ms / 1e3 if args.ttft_slo_ms else ttft,
@@ -181,6 +184,7 @@ def _predict(args: argparse.Namespace) -> int:
     out = predict(model=args.model, hardware=args.hardware, weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype,
                   mode=args.mode, instances=args.instances, tp=args.tp, prefill_instances=args.prefill_instances,
                   prefill_tp=args.prefill_tp, decode_instances=args.decode_instances, decode_tp=args.decode_tp,
+                  prefill_pp=args.prefill_pp, decode_pp=args.decode_pp,
                   isl=args.isl, osl=args.osl, concurrency=args.concurrency, rate=args.rate, requests=args.requests,
                   profile=args.profile, backend=args.backend, local_prefill_tokens=args.local_prefill_tokens,
                   first_token_from_prefill=args.first_token_from_prefill, max_prefill_tokens=args.max_prefill_tokens)

@@ -45,7 +45,8 @@ def client_starts(ramp_s: float, clients: int, seed: int) -> list[float]:
 
 def predict(*, model: str, hardware: str, weight_dtype: str = "bf16", kv_dtype: str = "bf16",
             mode: str = "disaggregated", instances: int = 1, tp: int = 1, prefill_instances: int = 1,
-            prefill_tp: int = 1, decode_instances: int = 1, decode_tp: int = 1, isl: int = 1024,
+            prefill_tp: int = 1, decode_instances: int = 1, decode_tp: int = 1, prefill_pp: int = 1,
+            decode_pp: int = 1, isl: int = 1024,
             osl: int = 128, concurrency: int | None = None, rate: float | None = None,
             requests: int | None = None, profile: str | None = None, seed: int = 0,
             latency: LatencySpec | None = None, max_prefill_tokens: int | None = None,
@@ -63,12 +64,19 @@ def predict(*, model: str, hardware: str, weight_dtype: str = "bf16", kv_dtype: 
     if first_token_from_prefill and mode != "disaggregated":
         raise PlacementError("--first-token-from-prefill needs --mode disaggregated (a colocated engine has no "
                              "KV transfer)")
+    if mode == "colocated" and (prefill_pp, decode_pp) != (1, 1):
+        raise PlacementError("--prefill-pp / --decode-pp go with --mode disaggregated (the colocated engine is "
+                             "simulated at pp=1)")
     if isl < 1 or osl < 1:
         raise PlacementError(f"--isl {isl} and --osl {osl} must be >= 1 token")
     for name, v in (("instances", instances), ("tp", tp), ("prefill-instances", prefill_instances),
-                    ("prefill-tp", prefill_tp), ("decode-instances", decode_instances), ("decode-tp", decode_tp)):
+                    ("prefill-tp", prefill_tp), ("decode-instances", decode_instances), ("decode-tp", decode_tp),
+                    ("prefill-pp", prefill_pp), ("decode-pp", decode_pp)):
         if v < 1:
             raise PlacementError(f"--{name} {v} must be >= 1")
+    if local_prefill_tokens and decode_pp > 1:
+        raise PlacementError(f"--local-prefill-tokens with --decode-pp {decode_pp}: local prefill is modelled on "
+                             "pp=1 decode instances only")
     if backend not in SCHEDULERS:
         raise UnknownNameError("backend", backend, list(SCHEDULERS))
     sched = SCHEDULERS[backend]
@@ -76,15 +84,16 @@ def predict(*, model: str, hardware: str, weight_dtype: str = "bf16", kv_dtype: 
     spec = latency or LatencySpec(calibration=None if backend == "none" else backend)
     hw = get_hardware(hardware) if profile is None else None
 
-    def lat_for(t: int) -> LatencyModel:
+    def lat_for(t: int, pp: int = 1, lanes: int = 1) -> LatencyModel:
         if profile is not None:
             return LatencyModel.from_profile(profile)
         assert hw is not None
         m = get_model(model)
         if m.heads % t:
             raise PlacementError(f"tp={t} does not divide {m.name}'s {m.heads} attention heads")
-        lat = LatencyModel.from_catalog(m, hw, tp=t, weight_dtype=weight_dtype, kv_dtype=kv_dtype, spec=spec)
-        if lat.kv_capacity_tokens() < isl + osl:
+        lat = LatencyModel.from_catalog(m, hw, tp=t, pp=pp, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                                        spec=spec)
+        if lat.kv_capacity_tokens() // lanes < isl + osl:  # NOTE: a pp decode instance: pp lanes, each a share
             raise PlacementError(f"{m.name} in {weight_dtype} at tp={t} on {hw.name} leaves KV room for "
                                  f"{lat.kv_capacity_tokens()} tokens, less than one {isl + osl}-token request; "
                                  f"raise tp or use fp8")
@@ -103,7 +112,7 @@ def predict(*, model: str, hardware: str, weight_dtype: str = "bf16", kv_dtype: 
                                  chunked_prefill=sched.chunked_prefill, ramp_s=ramp)
         shape: dict[str, Any] = {"instances": instances, "tp": tp, "gpus": instances * tp}
     elif mode == "disaggregated":
-        lp, ld = lat_for(prefill_tp), lat_for(decode_tp)
+        lp, ld = lat_for(prefill_tp, prefill_pp), lat_for(decode_tp, decode_pp, decode_pp)
         ramp = client_starts(steady_ramp_s(ld, isl, osl, concurrency), concurrency, seed) if concurrency else 0.0
         _, pg, dg = pack_nodes(prefill_instances, lp.gpus, decode_instances, ld.gpus, gpn)
         res = simulate_disaggregated(lp, ld, prefill_instances, decode_instances, reqs, clients=concurrency,
@@ -111,8 +120,8 @@ def predict(*, model: str, hardware: str, weight_dtype: str = "bf16", kv_dtype: 
                                      max_prefill_tokens=budget, ramp_s=ramp,
                                      local_prefill_tokens=local_prefill_tokens,
                                      first_token_from_prefill=first_token_from_prefill)
-        shape = {"prefill": {"instances": prefill_instances, "tp": prefill_tp, "pp": 1},
-                 "decode": {"instances": decode_instances, "tp": decode_tp, "pp": 1},
+        shape = {"prefill": {"instances": prefill_instances, "tp": prefill_tp, "pp": prefill_pp},
+                 "decode": {"instances": decode_instances, "tp": decode_tp, "pp": decode_pp},
                  "gpus": prefill_instances * lp.gpus + decode_instances * ld.gpus}
     else:
         raise PlacementError(f"--mode {mode!r}: use colocated or disaggregated")

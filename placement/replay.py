@@ -1,7 +1,7 @@
 """`predict --trace`: simulate exactly a trace's requests (their arrivals and lengths) on one given shape, and
 print TTFT / TPOT p50/p90/p99 and SLO attainment beside what the trace measured, where it did.
 
-The shape: colocated (instances x TP) or disaggregated (prefill instances x TP, decode instances x TP). The
+The shape: colocated (instances x TP) or disaggregated (prefill instances x TP x PP, decode instances x TP x PP). The
 latency model comes from the catalog (model, hardware, dtypes) with the coefficients and settings of a
 planner config when one is given (`--config`, e.g. manifests/plan-distserve-opt13b.yaml: DistServe's own fitted
 OPT-13B coefficients), and the engine's scheduler from `backend`. Open loop: each request is sent at its
@@ -26,26 +26,32 @@ from placement.trace import TraceRequest, figures, measured_figures
 def replay(trace: list[TraceRequest], *, model: str, hardware: str, weight_dtype: str = "bf16",
            kv_dtype: str = "bf16", mode: str = "disaggregated", instances: int = 1, tp: int = 1,
            prefill_instances: int = 1, prefill_tp: int = 1, decode_instances: int = 1, decode_tp: int = 1,
-           latency: LatencySpec | None = None, backend: str = "vllm", max_prefill_tokens: int | None = None,
+           prefill_pp: int = 1, decode_pp: int = 1, latency: LatencySpec | None = None, backend: str = "vllm", max_prefill_tokens: int | None = None,
            first_token_from_prefill: bool = False, ttft_slo_s: float = 1.0, tpot_slo_s: float = 0.1,
            ) -> dict[str, Any]:
     if backend not in SCHEDULERS:
         raise UnknownNameError("backend", backend, list(SCHEDULERS))
     if ttft_slo_s <= 0 or tpot_slo_s <= 0:
         raise PlacementError(f"SLO targets must be > 0, got TTFT {ttft_slo_s} s and TPOT {tpot_slo_s} s")
+    if mode == "colocated" and (prefill_pp, decode_pp) != (1, 1):
+        raise PlacementError("--prefill-pp / --decode-pp go with --mode disaggregated (the colocated engine is "
+                             "simulated at pp=1)")
     sched = SCHEDULERS[backend]
     budget = max_prefill_tokens or sched.max_batched_tokens
     spec = latency or LatencySpec(calibration=None if backend == "none" else backend)
     m, hw = get_model(model), get_hardware(hardware)
     longest = max(r.input_len + r.output_len for r in trace)
 
-    def lat_for(t: int) -> LatencyModel:
+    def lat_for(t: int, pp: int = 1, lanes: int = 1) -> LatencyModel:
         if t < 1 or m.heads % t:
             raise PlacementError(f"tp={t} must be >= 1 and divide {m.name}'s {m.heads} attention heads")
-        lat = LatencyModel.from_catalog(m, hw, tp=t, weight_dtype=weight_dtype, kv_dtype=kv_dtype, spec=spec)
-        if lat.kv_capacity_tokens() < longest:
-            raise PlacementError(f"{m.name} at tp={t} on {hw.name} leaves KV room for {lat.kv_capacity_tokens()} "
-                                 f"tokens, less than the trace's longest request ({longest})")
+        if pp < 1 or pp > m.layers:
+            raise PlacementError(f"pp={pp} must be between 1 and {m.name}'s {m.layers} layers")
+        lat = LatencyModel.from_catalog(m, hw, tp=t, pp=pp, weight_dtype=weight_dtype, kv_dtype=kv_dtype, spec=spec)
+        room = lat.kv_capacity_tokens() // lanes  # NOTE: a pp decode instance runs pp lanes, each its share
+        if room < longest:
+            raise PlacementError(f"{m.name} at tp={t} pp={pp} on {hw.name} leaves KV room for {room} tokens per "
+                                 f"micro-batch, less than the trace's longest request ({longest})")
         return lat
 
     reqs = [r.request for r in trace]
@@ -58,13 +64,13 @@ def replay(trace: list[TraceRequest], *, model: str, hardware: str, weight_dtype
     elif mode == "disaggregated":
         if prefill_instances < 1 or decode_instances < 1:
             raise PlacementError("--prefill-instances and --decode-instances must be >= 1")
-        lp, ld = lat_for(prefill_tp), lat_for(decode_tp)
+        lp, ld = lat_for(prefill_tp, prefill_pp), lat_for(decode_tp, decode_pp, decode_pp)
         _, pg, dg = pack_nodes(prefill_instances, lp.gpus, decode_instances, ld.gpus, hw.gpus_per_node)
         res = simulate_disaggregated(lp, ld, prefill_instances, decode_instances, reqs,
                                      dispatch=GroupedDispatch(pg, dg), same_node=lambda a, b: pg[a] == dg[b],
                                      max_prefill_tokens=budget, first_token_from_prefill=first_token_from_prefill)
-        shape = {"prefill": {"instances": prefill_instances, "tp": prefill_tp},
-                 "decode": {"instances": decode_instances, "tp": decode_tp},
+        shape = {"prefill": {"instances": prefill_instances, "tp": prefill_tp, "pp": prefill_pp},
+                 "decode": {"instances": decode_instances, "tp": decode_tp, "pp": decode_pp},
                  "gpus": prefill_instances * lp.gpus + decode_instances * ld.gpus}
     else:
         raise PlacementError(f"--mode {mode!r}: use colocated or disaggregated")

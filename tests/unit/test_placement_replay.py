@@ -139,7 +139,27 @@ def test_the_rate_at_90_percent_and_the_run_shapes():
     assert _shape("vllm-300-3") == {"series": "colocated", "mode": "colocated", "tp": 1, "gpus": 1, "rate": 3.0}
     s = _shape("distserve-c21d11-900-9")
     assert (s["prefill_tp"], s["decode_tp"], s["gpus"], s["rate"]) == (2, 1, 3, 9.0)
-    with pytest.raises(PlacementError, match="pipeline parallelism"):
-        _shape("distserve-c12d11-300-3")
+    s = _shape("distserve-c12d21-300-3")
+    assert (s["series"], s["prefill_pp"], s["decode_tp"], s["decode_pp"], s["gpus"]) == ("P TP1 PP2 + D TP2", 2, 2, 1, 4)
     with pytest.raises(PlacementError, match="not a DistServe run name"):
         _shape("other-1-2")
+
+
+def test_pipeline_parallel_shapes_replayed_on_the_command_line(tmp_path):
+    """--prefill-pp / --decode-pp: the shape is simulated (a PP2 prefill instance pipelines two batches, so under
+    load its TTFT differs from PP1 on the same TP), reported, and refused with the colocated mode."""
+    p = tmp_path / "t.csv"
+    p.write_text("arrival_s,input_len,output_len\n" + "".join(f"{i * 0.08:.2f},900,60\n" for i in range(200)))
+    common = [sys.executable, "-m", "placement", "predict", "--trace", str(p), "--model", "opt-13b",
+              "--hardware", "a100-80gb", "--weight-dtype", "fp16", "--kv-dtype", "fp16", "--backend", "none", "--json"]
+    outs = []
+    for extra in (["--prefill-pp", "1"], ["--prefill-pp", "2", "--decode-pp", "2"]):
+        r = subprocess.run(common + extra, capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert r.returncode == 0, r.stderr
+        outs.append(json.loads(r.stdout))
+    one, two = outs
+    assert (two["prefill"]["pp"], two["decode"]["pp"], two["gpus"]) == (2, 2, 4) and one["gpus"] == 2
+    assert two["predicted"]["ttft_s"]["p50"] != one["predicted"]["ttft_s"]["p50"]
+    r = subprocess.run(common + ["--mode", "colocated", "--decode-pp", "2"], capture_output=True, text=True,
+                       timeout=120, cwd=REPO)
+    assert r.returncode == 2 and "go with --mode disaggregated" in r.stderr, r.stderr
