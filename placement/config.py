@@ -128,7 +128,8 @@ class Coefficients(_Strict):
 
 class LatencySpec(_Strict):
     coefficients: dict[int, Coefficients] | None = Field(None, description="regression coefficients per TP "
-                                                         "degree (ms); TPs not given are derived from TP1")
+                                                         "degree (ms); TPs not given are derived from the "
+                                                         "nearest given one below (else the smallest)")
     compute_efficiency: float = Field(0.6, gt=0, le=1, description="achieved / peak tensor FLOPS")
     memory_efficiency: float = Field(0.85, gt=0, le=1, description="achieved / peak HBM bandwidth")
     link_efficiency: float = Field(0.8, gt=0, le=1, description="achieved / peak NVLink/NIC bandwidth")
@@ -158,9 +159,10 @@ class LatencySpec(_Strict):
     reserve_gib: float = Field(2.0, ge=0, description="activation/workspace memory per GPU, not for KV")
 
     @model_validator(mode="after")
-    def _tp1(self) -> LatencySpec:
-        if self.coefficients is not None and 1 not in self.coefficients:
-            raise ValueError("latency.coefficients needs the TP1 entry (key 1); others are optional")
+    def _some_tp(self) -> LatencySpec:
+        if self.coefficients is not None and (not self.coefficients or min(self.coefficients) < 1):
+            raise ValueError("latency.coefficients needs at least one entry, keyed by a TP degree >= 1; TPs not "
+                             "given are derived from the nearest one below (the smallest where none is)")
         return self
 
 

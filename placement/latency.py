@@ -14,9 +14,10 @@ GEMMs (bound by the weights' bytes or their FLOPs) and attention (bound by the K
 are separate kernels that run one after the other, so their times add; each is bound by its own roofline.
 A prompt token costs the layers' FLOPs (logits only for a prompt's last token), a generated token the LM
 head's too; attention runs at the 16-bit peak (activations times activations) whatever the weights' dtype.
-Regression (tp=1): pa=a, pb=b, p_fixed=c; d_mem_a=a, d_lin=b, d_fixed=c. For tp=k the per-token terms
-divide by k*e (e = tp_efficiency^log2 k), the weight-streaming share of the constant divides by k, and
-each layer adds two ring all-reduces. Pipeline stages add one activation hop per stage boundary; the
+Regression (a measured TP): pa=a, pb=b, p_fixed=c; d_mem_a=a, d_lin=b, d_fixed=c. A TP not measured scales
+from the nearest measured TP below it (the smallest measured where none is): for k times the GPUs the
+per-token terms divide by k*e (e = tp_efficiency^log2 k), the weight-streaming share of the constant
+divides by k, and each layer adds the two ring all-reduces' share the measured TP did not pay. Pipeline stages add one activation hop per stage boundary; the
 times below are end-to-end latencies, and the simulator overlaps `pp` batches in flight, splitting each
 step with `stage_split` (the driver's serial share, each stage's share, the hop between stages).
 
@@ -229,15 +230,23 @@ class LatencyModel:
         serial = spec.step_overhead_ms / 1000.0
         if spec.coefficients:
             coeffs = spec.coefficients
-            w_share = min(0.95, wbytes / hbm / (coeffs[1].decode_c / 1000.0)) if coeffs[1].decode_c else 0.0
+            # NOTE: a TP not measured is derived from the nearest measured one below it (the smallest where
+            # none is below): the measured TPs carry the engine's own scaling, which TP1 alone does not show
+            base = max((k for k in coeffs if k <= tp), default=min(coeffs))
+            cb = coeffs[base]
+            w_share = min(0.95, wbytes / base / hbm / (cb.decode_c / 1000.0)) if cb.decode_c else 0.0
             # NOTE: the constant's share that is not weight streaming (launch, scheduling, sampling) is paid
             # once per step on the driver, whatever the TP or PP.
-            serial = (1.0 - w_share) * coeffs[1].decode_c / 1000.0
-            if tp in coeffs:
-                terms = _regression_terms(coeffs[tp], 1, 1.0, 0.0)
+            serial = (1.0 - w_share) * cb.decode_c / 1000.0
+            if tp == base:
+                terms = _regression_terms(cb, 1, 1.0, 0.0)
             else:
-                terms = _regression_terms(coeffs[1], tp, e, w_share)
-                terms = _add(terms, ar_fixed, ar_tok)
+                r = tp / base
+                terms = _regression_terms(cb, r, spec.tp_efficiency ** math.log2(r), w_share)
+                # the all-reduces the base TP does not already pay (all of them from TP1)
+                ring = 2 * (tp - 1) / tp - (2 * (base - 1) / base if base > 1 else 0.0)
+                terms = _add(terms, ar_fixed if base == 1 else 0.0,
+                             2 * model.layers * ring * model.hidden * ACT_BYTES / nvlink)
             label = f"{model.name}@{hardware.name} regression"
         else:
             peak = hardware.peak_flops(hardware.compute_dtype(weight_dtype)) * spec.compute_efficiency * tp * e
@@ -349,8 +358,8 @@ class LatencyModel:
                    transfer_latency_s=prof.transfer.latency_ms / 1000.0, label=f"profile {prof.model.name}")
 
 
-def _regression_terms(c: Coefficients, tp: int, e: float, weight_share: float) -> Terms:
-    """DistServe coefficients (ms) at tp=1, scaled to tp (see module docstring)."""
+def _regression_terms(c: Coefficients, tp: float, e: float, weight_share: float) -> Terms:
+    """DistServe coefficients (ms) measured at one TP, scaled to `tp` times as many GPUs (module docstring)."""
     k = tp * e
     const_scale = weight_share / tp + (1.0 - weight_share)
     return Terms(pa=c.prefill_a / 1e3 / k, pb=c.prefill_b / 1e3 / k, p_fixed=c.prefill_c / 1e3 * const_scale,

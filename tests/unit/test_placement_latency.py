@@ -146,3 +146,32 @@ def test_profile_round_trip(tmp_path) -> None:
     lat = LatencyModel.from_profile(path)
     assert lat.kv_capacity_tokens() == 5000 and lat.kv_bytes_per_token() == 1024
     assert lat.prefill_time_s([512]) == pytest.approx(_opt(1).prefill_time_s([512]))
+
+
+def test_unmeasured_tps_derive_from_the_nearest_measured_one_below() -> None:
+    """Coefficients for TP2 and TP4 only (a model too large for one GPU): TP2/TP4 are used as given, TP8 scales
+    from TP4 (not TP1), TP1 from TP2; an empty table is a clear config error."""
+    from placement import Coefficients, LatencySpec
+    from placement.config import parse_planner_config
+    from placement.errors import PlacementError
+
+    c2 = Coefficients(prefill_a=0.09, prefill_b=8e-6, prefill_c=29.0, decode_a=3e-4, decode_b=0.087, decode_c=26.0)
+    c4 = Coefficients(prefill_a=0.05, prefill_b=4e-7, prefill_c=32.0, decode_a=1.8e-4, decode_b=0.055, decode_c=28.0)
+    spec = LatencySpec(coefficients={2: c2, 4: c4}, tp_efficiency=0.8)
+
+    def lat(tp: int) -> LatencyModel:
+        return LatencyModel.from_catalog(get_model("opt-13b"), get_hardware("a100-80gb"), tp=tp,
+                                         weight_dtype="fp16", kv_dtype="fp16", spec=spec)
+
+    n = 1000
+    t2, t4, t8, t1 = (lat(k).prefill_time_s([n]) for k in (2, 4, 8, 1))
+    assert t2 == pytest.approx((c2.prefill_c + c2.prefill_a * n + c2.prefill_b * n * n) / 1e3)
+    assert t4 == pytest.approx((c4.prefill_c + c4.prefill_a * n + c4.prefill_b * n * n) / 1e3)
+    per_token_8 = (lat(8).prefill_time_s([2 * n]) - t8) / n
+    assert per_token_8 == pytest.approx(c4.prefill_a / 1e3 / (2 * 0.8), rel=0.15)  # from TP4, all-reduce added
+    assert t1 > t2
+    with pytest.raises(PlacementError, match="at least one entry"):
+        parse_planner_config({"model": {"name": "opt-13b"}, "hardware": {"name": "a100-80gb"},
+                              "workload": {"rate_rps": 1, "input": {"kind": "fixed", "value": 10},
+                                           "output": {"kind": "fixed", "value": 10}},
+                              "slo": {"ttft_s": 1, "tpot_s": 0.1}, "latency": {"coefficients": {}}})
