@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     rv.add_argument("--ref", required=True, help="folder of DistServe .exp runs (../shared/reference/distserve-opt13b)")
     rv.add_argument("--config", required=True, help="planner YAML with the model, hardware, coefficients and SLO")
     rv.add_argument("--out", required=True, help="folder for README.md and results.json")
+    rv.add_argument("--plan", action="append", default=[], help="also record `plan`'s disaggregated/colocated "
+                    "verdict on this planner YAML (repeatable)")
 
     sub.add_parser("profile", help="moved: python -m benchmarks.profile (this command says so and exits 2)")
     return ap
@@ -233,9 +235,11 @@ def _profile(args: argparse.Namespace | None = None) -> int:
 
 
 def _replay_validate(args: argparse.Namespace) -> int:
-    from placement.replay_validation import markdown, run, write
+    from placement.replay_validation import markdown, run, verdicts, write
 
     rep = run(args.ref, args.config)
+    if args.plan:
+        rep["verdicts"] = verdicts(args.plan)
     print(markdown(write(rep, args.out, "python -m placement " + " ".join(args.argv))))
     return 0
 

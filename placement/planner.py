@@ -159,6 +159,10 @@ def make_plan(cfg: PlannerConfig) -> PlacementPlan:
         for p in plans:
             p.notes.append(f"decode speculates {sp.tokens} tokens per step at acceptance {sp.acceptance:g} "
                            f"({decs[0].tokens_per_step:.2f} tokens per step)")
+    if cfg.colocated_latency is not None and colo is not None:
+        for p in plans:
+            p.notes.append("colocated engines modelled with colocated_latency (their own coefficients, "
+                           "not the pools')")
     plan = plans[-1]
     plan.candidates = [_cand(role, c) for role, cs in (("prefill", pre), ("decode", dec)) for c in cs]
     if colo is not None:

@@ -2,14 +2,16 @@
 simulated on the shape it ran on, predicted beside measured, per run and per series.
 
     python -m placement replay-validate --ref ../shared/reference/distserve-opt13b \\
-        --config manifests/plan-distserve-opt13b.yaml --out benchmarks/results/prediction-validation/distserve-replay
+        --config manifests/plan-distserve-opt13b.yaml --out benchmarks/results/prediction-validation/distserve-replay \\
+        --plan manifests/plan-distserve-opt13b.yaml --plan manifests/plan-distserve-opt66b.yaml
 
 Shapes from the file names: `vllm-N-R` is one colocated vLLM engine at TP1 (the 2024 vLLM: no chunked prefill,
 so a prefill batch stalls the running decodes; backend `none`, a 2,048-token prefill budget);
 `distserve-cXYdZW-N-R` one prefill instance at TP X / PP Y and one decode instance at TP Z / PP W. Nothing is
 fitted here, so every run is held out: the disaggregated runs use the config's `latency` (DistServe's own
 engine's TP1 coefficients, other TPs derived), the colocated ones its `colocated_latency` (vLLM's, as DistServe
-profiled it) where given. Writes results.json and README.md (whole, or not at all).
+profiled it) where given. With `--plan`, `plan`'s verdict on each config too. Writes results.json and README.md
+(whole, or not at all).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 
 from placement.config import load_planner_config
 from placement.errors import PlacementError
+from placement.planner import make_plan
 from placement.replay import replay
 from placement.trace import load_trace_file
 from placement.validation_report import provenance
@@ -102,6 +105,25 @@ def run(ref: str | Path, config: str | Path) -> dict[str, Any]:
     return {"rows": rows, "series": series, "disaggregated_per_gpu_over_colocated": ratio}
 
 
+def verdicts(configs: list[str | Path]) -> list[dict[str, Any]]:
+    """`plan` on each config: its disaggregated/colocated per-GPU ratio against both colocated engines, with the
+    colocated engine's own coefficients (colocated_latency) and, for comparison, with the pools' (the ideal
+    engine the planner used before)."""
+    out = []
+    for path in configs:
+        cfg = load_planner_config(path)
+        row: dict[str, Any] = {"config": str(path), "model": cfg.model.name}
+        for key, c in (("own", cfg), ("pools", cfg.model_copy(update={"colocated_latency": None}))):
+            if key == "own" and cfg.colocated_latency is None:
+                continue
+            plan = make_plan(c)
+            row[key] = {("chunked" if b.chunked_prefill else "no_chunked"): round(plan.ratio_to(b), 2)
+                        for b in (plan.colocated, plan.colocated_alt) if b is not None}
+            row["disaggregated_per_gpu"] = round(plan.goodput_per_gpu, 3)
+        out.append(row)
+    return out
+
+
 def markdown(rep: dict[str, Any]) -> str:
     prov = rep["provenance"]
     out = ["# DistServe's measured OPT-13B runs, replayed", "",
@@ -127,6 +149,15 @@ def markdown(rep: dict[str, Any]) -> str:
     r = rep["disaggregated_per_gpu_over_colocated"]
     out += ["", f"Disaggregated / colocated per GPU at 90% attainment: measured {r.get('meas', '-')}, predicted "
             f"{r.get('pred', '-')}.", ""]
+    if rep.get("verdicts"):
+        out += ["`plan`'s verdict, disaggregated / colocated per GPU on the plan's GPUs (colocated without / with "
+                "chunked prefill), the colocated engine modelled with its own coefficients and with the pools':", "",
+                "| config | own coefficients | pools' coefficients |", "|---|---|---|"]
+        for v in rep["verdicts"]:
+            def cell(d: dict[str, float] | None) -> str:
+                return "-" if not d else f"{d.get('no_chunked', '-')}x / {d.get('chunked', '-')}x"
+            out.append(f"| {v['config']} | {cell(v.get('own'))} | {cell(v.get('pools'))} |")
+        out.append("")
     return "\n".join(out)
 
 

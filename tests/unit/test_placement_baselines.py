@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from placement.config import load_planner_config
 from placement.plan import format_plan
 from placement.planner import make_plan
@@ -26,15 +28,18 @@ def test_both_colocated_baselines_with_their_engines_and_ratios():
     assert text.count("colocated baseline") == 2 and "stalls every running decode" in text and "chunked prefill, today" in text
 
 
-def test_the_colocated_baseline_runs_its_own_engines_latency_model():
+@pytest.mark.parametrize("name,at_least", [("plan-distserve-opt13b.yaml", 1.6), ("plan-distserve-opt66b.yaml", 1.8)])
+def test_the_colocated_baseline_runs_its_own_engines_latency_model(name, at_least):
     """DistServe's runs set vLLM beside DistServe's engine: `colocated_latency` (vLLM's profiled coefficients)
-    models the baseline, and the verdict is DistServe's measured one, disaggregation ahead per GPU; the same
-    plan with the pools' coefficients for the baseline (the old ideal engine) says the opposite."""
-    cfg = load_planner_config(PLAN)
+    models the baseline, and the verdict is DistServe's, disaggregation ahead per GPU (OPT-13B: measured > 1.6x,
+    ../shared/reference; OPT-66B: about 2x in the paper); the same plan with the pools' coefficients for the
+    baseline (the old ideal engine) says the opposite."""
+    cfg = load_planner_config(PLAN.parent / name)
     assert cfg.colocated_latency is not None
     own = make_plan(cfg)
     ideal = make_plan(cfg.model_copy(update={"colocated_latency": None}))
     assert own.colocated is not None and ideal.colocated is not None
-    assert own.goodput_per_gpu / own.colocated.goodput_per_gpu > 1.2
-    assert ideal.colocated.goodput_per_gpu > own.colocated.goodput_per_gpu * 1.5
+    assert own.goodput_per_gpu / own.colocated.goodput_per_gpu > at_least
+    assert ideal.goodput_per_gpu / ideal.colocated.goodput_per_gpu < 1.0
     assert own.goodput_per_gpu == ideal.goodput_per_gpu  # the pools' own model is untouched
+    assert any("colocated_latency" in n for n in own.notes)
