@@ -157,7 +157,7 @@ def _replay(args: argparse.Namespace) -> int:
             raise PlacementError(f"--trace with {args.config}: its hardware is a measured profile; replay takes a "
                                  "catalog accelerator (hardware.name)")
         model, hardware, wdt, kdt = pc.model.name, pc.hardware.name, pc.model.weight_dtype, pc.model.kv_dtype
-        spec = (pc.colocated_latency or pc.latency) if args.mode == "colocated" else pc.latency
+        spec = pc.engine_latency(args.mode == "colocated")
         ttft, tpot = pc.slo.ttft_s, pc.slo.tpot_s
     out = replay(trace, model=model, hardware=hardware, weight_dtype=wdt, kv_dtype=kdt, mode=args.mode,
                  instances=args.instances, tp=args.tp, prefill_instances=args.prefill_instances,

@@ -213,6 +213,10 @@ class PlannerConfig(_Strict):
                                                                   "their decode steps are modelled by "
                                                                   "LatencyModel.with_speculation")
 
+    def engine_latency(self, colocated: bool = False) -> LatencySpec:
+        """The latency spec of the pools' engine, or of the colocated baseline's (colocated_latency if set)."""
+        return (self.colocated_latency or self.latency) if colocated else self.latency
+
 
 def format_validation_error(exc: ValidationError, source: str) -> str:
     lines = [f"invalid planner config {source}:"]

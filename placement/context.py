@@ -56,7 +56,7 @@ class PlanContext:
         c = self.cfg
         return LatencyModel.from_catalog(self.model, self.hardware, tp=tp, pp=pp,
                                          weight_dtype=c.model.weight_dtype, kv_dtype=c.model.kv_dtype,
-                                         spec=(c.colocated_latency or c.latency) if colocated else c.latency,
+                                         spec=c.engine_latency(colocated),
                                          intra_node_gbps=c.cluster.intra_node_gbps,
                                          inter_node_gbps=c.cluster.inter_node_gbps, gpus_per_node=self.gpus_per_node)
 

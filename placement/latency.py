@@ -17,8 +17,8 @@ head's too; attention runs at the 16-bit peak (activations times activations) wh
 Regression (a measured TP): pa=a, pb=b, p_fixed=c; d_mem_a=a, d_lin=b, d_fixed=c. A TP not measured scales
 from the nearest measured TP below it (the smallest measured where none is): for k times the GPUs the
 per-token terms divide by k*e (e = tp_efficiency^log2 k), the weight-streaming share of the constant
-divides by k, and each layer adds the two ring all-reduces' share the measured TP did not pay. Pipeline stages add one activation hop per stage boundary; the
-times below are end-to-end latencies, and the simulator overlaps `pp` batches in flight, splitting each
+divides by k, and each layer adds the two ring all-reduces' share the measured TP did not pay. Pipeline
+stages add one activation hop per stage boundary; the times below are end-to-end latencies, and the simulator overlaps `pp` batches in flight, splitting each
 step with `stage_split` (the driver's serial share, each stage's share, the hop between stages).
 
 A mixed step (chunked prefill: prompt tokens and running decodes in one batch) reads the weights once
@@ -223,7 +223,11 @@ class LatencyModel:
         # Ring all-reduce after attention and after the MLP in every layer.
         ar_us = hardware.allreduce_latency_us if spec.allreduce_latency_us is None else spec.allreduce_latency_us
         ar_fixed = 2 * model.layers * ar_us * 1e-6 if tp > 1 else 0.0
-        ar_tok = 2 * model.layers * 2 * (tp - 1) / tp * model.hidden * ACT_BYTES / nvlink if tp > 1 else 0.0
+
+        def ring_tok(k: int) -> float:  # two ring all-reduces per layer, per token, at TP k (0 at k = 1)
+            return 2 * model.layers * 2 * (k - 1) / k * model.hidden * ACT_BYTES / nvlink
+
+        ar_tok = ring_tok(tp)
         hop_bps = nvlink if tp * pp <= gpn else nic
         pp_fixed = (pp - 1) * spec.pp_hop_latency_ms / 1000.0
         pp_tok = (pp - 1) * model.hidden * ACT_BYTES / hop_bps
@@ -244,9 +248,7 @@ class LatencyModel:
                 r = tp / base
                 terms = _regression_terms(cb, r, spec.tp_efficiency ** math.log2(r), w_share)
                 # the all-reduces the base TP does not already pay (all of them from TP1)
-                ring = 2 * (tp - 1) / tp - (2 * (base - 1) / base if base > 1 else 0.0)
-                terms = _add(terms, ar_fixed if base == 1 else 0.0,
-                             2 * model.layers * ring * model.hidden * ACT_BYTES / nvlink)
+                terms = _add(terms, ar_fixed if base == 1 else 0.0, ring_tok(tp) - ring_tok(base))
             label = f"{model.name}@{hardware.name} regression"
         else:
             peak = hardware.peak_flops(hardware.compute_dtype(weight_dtype)) * spec.compute_efficiency * tp * e

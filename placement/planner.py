@@ -14,6 +14,7 @@ from placement.config import PlannerConfig
 from placement.context import PlanContext
 from placement.dispatch import InstanceView
 from placement.errors import PlacementError
+from placement.latency import LatencyModel
 from placement.packing import pack_nodes, unit_packing
 from placement.plan import Colocated, PlacementPlan, PoolShape
 from placement.search import (
@@ -119,7 +120,11 @@ def make_plan(cfg: PlannerConfig) -> PlacementPlan:
 
     sp = cfg.speculation
     # NOTE: speculation changes decode steps only (prefill emits one token): decode and colocated candidates
-    decs = [lat.with_speculation(sp.tokens, sp.acceptance) for lat in cands] if sp is not None else cands
+
+    def speculating(lat: LatencyModel) -> LatencyModel:
+        return lat.with_speculation(sp.tokens, sp.acceptance) if sp is not None else lat
+
+    decs = [speculating(lat) for lat in cands]
     dec = [PhaseChoice(lat, decode_goodput(lat, wl, slo, workload_for, local)) for lat in decs]
     for c in pre + dec:
         logger.info("%s: prefill/decode goodput %.3f req/s (%.3f per GPU)", c.lat, c.goodput.rate_rps,
@@ -128,8 +133,7 @@ def make_plan(cfg: PlannerConfig) -> PlacementPlan:
     if s.colocated_baseline:
         colos = [lat for lat in decs if lat.pp == 1]
         if cfg.colocated_latency is not None:  # NOTE: another engine than the pools': its own coefficients
-            colos = [ctx.latency(lat.tp, 1, colocated=True).with_prefix_hits(hit) for lat in colos]
-            colos = [lat.with_speculation(sp.tokens, sp.acceptance) for lat in colos] if sp is not None else colos
+            colos = [speculating(ctx.latency(lat.tp, 1, colocated=True).with_prefix_hits(hit)) for lat in colos]
 
         def colocated(chunked: bool) -> list[PhaseChoice]:
             return [PhaseChoice(lat, colocated_goodput(lat, wl, slo, s.max_prefill_tokens, chunked))

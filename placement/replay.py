@@ -1,8 +1,8 @@
 """`predict --trace`: simulate exactly a trace's requests (their arrivals and lengths) on one given shape, and
 print TTFT / TPOT p50/p90/p99 and SLO attainment beside what the trace measured, where it did.
 
-The shape: colocated (instances x TP) or disaggregated (prefill instances x TP x PP, decode instances x TP x PP). The
-latency model comes from the catalog (model, hardware, dtypes) with the coefficients and settings of a
+The shape: colocated (instances x TP) or disaggregated (prefill instances x TP x PP, decode instances x TP x
+PP). The latency model comes from the catalog (model, hardware, dtypes) with the coefficients and settings of a
 planner config when one is given (`--config`, e.g. manifests/plan-distserve-opt13b.yaml: DistServe's own fitted
 OPT-13B coefficients), and the engine's scheduler from `backend`. Open loop: each request is sent at its
 own arrival time, as the trace's client sent it.
@@ -26,7 +26,8 @@ from placement.trace import TraceRequest, figures, measured_figures
 def replay(trace: list[TraceRequest], *, model: str, hardware: str, weight_dtype: str = "bf16",
            kv_dtype: str = "bf16", mode: str = "disaggregated", instances: int = 1, tp: int = 1,
            prefill_instances: int = 1, prefill_tp: int = 1, decode_instances: int = 1, decode_tp: int = 1,
-           prefill_pp: int = 1, decode_pp: int = 1, latency: LatencySpec | None = None, backend: str = "vllm", max_prefill_tokens: int | None = None,
+           prefill_pp: int = 1, decode_pp: int = 1, latency: LatencySpec | None = None, backend: str = "vllm",
+           max_prefill_tokens: int | None = None,
            first_token_from_prefill: bool = False, ttft_slo_s: float = 1.0, tpot_slo_s: float = 0.1,
            ) -> dict[str, Any]:
     if backend not in SCHEDULERS:

@@ -70,7 +70,7 @@ def run(ref: str | Path, config: str | Path) -> dict[str, Any]:
             k: shape[k] for k in ("prefill_tp", "prefill_pp", "decode_tp", "decode_pp")}
         out = replay(load_trace_file(path), model=pc.model.name, hardware=str(pc.hardware.name),
                      weight_dtype=pc.model.weight_dtype, kv_dtype=pc.model.kv_dtype, mode=shape["mode"],
-                     latency=(pc.colocated_latency or pc.latency) if shape["mode"] == "colocated" else pc.latency,
+                     latency=pc.engine_latency(shape["mode"] == "colocated"),
                      backend="none", ttft_slo_s=pc.slo.ttft_s, tpot_slo_s=pc.slo.tpot_s,
                      max_prefill_tokens=COLOCATED_BUDGET if shape["mode"] == "colocated" else None, **kw)
         p, m = out["predicted"], out["measured"]
