@@ -120,18 +120,20 @@ class Abuse:
             one.append(self._ttft([rng.randrange(1000, 40000) for _ in range(tokens)], 1))
             eight.append(self._ttft([rng.randrange(1000, 40000) for _ in range(tokens)], 8))
         m1 = statistics.median(t for t, _ in one)
+        f8 = statistics.median(t for t, _ in eight)
         m8 = statistics.median(t for _, t in eight)
         self.ttft = dict(self.ttft or {}, **{str(tokens): {
             "n1_s": [round(t, 3) for t, _ in one], "n8_first_s": [round(t, 3) for t, _ in eight],
-            "n8_last_s": [round(t, 3) for _, t in eight], "ratio_last_n8_to_n1": round(m8 / m1, 2)}})
-        return (f"{tokens}-token prompt, n = 8 vs n = 1 (TTFT of the last of the 8, median of 3)",
-                f"{m8:.2f} s vs {m1:.2f} s ({m8 / m1:.2f}x)")
+            "n8_last_s": [round(t, 3) for _, t in eight], "ratio_first_n8_to_n1": round(f8 / m1, 2),
+            "ratio_last_n8_to_n1": round(m8 / m1, 2)}})
+        return (f"{tokens}-token prompt, n = 8 vs n = 1 (TTFT of the response and of the last of the 8 "
+                "completions, median of 3)", f"{f8:.2f} s and {m8:.2f} s vs {m1:.2f} s ({f8 / m1:.2f}x, {m8 / m1:.2f}x)")
 
     def fan_out_ttft(self) -> tuple[str, str]:
-        return self._fan_out_ttft(256)  # NOTE: two whole 128-token CPU blocks: each sibling recomputes one
+        return self._fan_out_ttft(256)  # NOTE: two whole 128-token CPU blocks (a prefix-cache hit stops at one)
 
     def fan_out_ttft_300(self) -> tuple[str, str]:
-        return self._fan_out_ttft(300)  # NOTE: each sibling recomputes the 44 tokens past the cached blocks
+        return self._fan_out_ttft(300)  # NOTE: not block-aligned
 
     def kv_params(self) -> tuple[str, str]:
         body = self.chat(kv_transfer_params={"do_remote_prefill": True, "remote_host": "203.0.113.9"})

@@ -31,6 +31,7 @@ class EngineTotals:
         self.kv_transfer_s = 0.0
         self.kv_failures = 0
         self.kv_expired = 0
+        self.kv_late_reads = 0  # prefill side: a decode said it read blocks already freed (expired or over-counted)
         self.prompt_tokens_computed = 0
         self.prompt_tokens_external = 0
         self.spec_drafted = 0  # speculative decoding: draft tokens proposed, and accepted
@@ -62,6 +63,7 @@ class EngineTotals:
             "kv_transfer_s": self.kv_transfer_s,
             "kv_failures": self.kv_failures,
             "kv_expired": self.kv_expired,
+            "kv_late_reads": self.kv_late_reads,
             "prompt_tokens_computed": self.prompt_tokens_computed,
             "prompt_tokens_external": self.prompt_tokens_external,
             "spec_drafted": self.spec_drafted,
@@ -97,6 +99,7 @@ def make_stat_logger_factory(totals: EngineTotals):
                         data.get("num_failed_handshakes", [])
                     )
                     t.kv_expired += len(data.get("num_kv_expired_reqs", []))
+                    t.kv_late_reads += len(data.get("num_notifications_after_expiry", []))
                     for rid in data.get(LOAD_STARTED, ()):
                         t._load_started(rid, now)
             if iteration_stats is not None:

@@ -15,11 +15,18 @@ It also reports, in the scheduler's KV-connector stats, which requests began pul
 (`LOAD_STARTED`): the decode worker's transfer timeout runs from that moment, not from when the request
 joined the decode engine's queue (engine/statlog.py reads it, decode/worker.py waits on it).
 
+One prefill's KV can be pulled by several decode requests (the n completions of one prompt, each sampling
+its own first token from the pulled prompt): the handoff says how many (`saaf_readers`), and every reader's
+"done reading" notification reports that many consumers, so the prefill engine keeps the blocks until the
+last reader has pulled (vLLM frees them at the first reader's notification otherwise). A reader that never
+pulls still notifies once: vLLM's rejected-request path sends the same message.
+
 Its handshake side channel drops malformed requests instead of dying on one (kvtransfer/side_channel.py).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
@@ -27,8 +34,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector as _
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
 
 from kvtransfer import side_channel
+from kvtransfer.handoff import READERS
 
 LOAD_STARTED = "saaf_load_started"  # engine request ids whose KV pull the scheduler started this step
+READERS_KEPT = 4096  # worker side: reader counts remembered (a request's reads are posted within a few steps)
 
 
 def capped_match(count: int | None, load_async: bool, params: dict[str, Any] | None,
@@ -77,6 +86,30 @@ class NixlConnector(_VllmNixlConnector):
         super().__init__(*args, **kwargs)
         side_channel.harden(self.connector_scheduler)  # NOTE: before vLLM starts its listener (set_xfer_handshake_metadata)
         self._started: list[str] = []  # scheduler side: loads started since the last stats
+        self._readers: OrderedDict[str, int] = OrderedDict()  # worker side: decode request id -> readers
+        if self.connector_worker is not None:
+            read = self.connector_worker._read_blocks
+
+            def _read_blocks(**kw: Any) -> bool:  # NOTE: vLLM calls it with keywords only
+                kw["expected_consumers"] *= self._readers.get(kw["request_id"], 1)
+                return read(**kw)
+
+            self.connector_worker._read_blocks = _read_blocks
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        pending = self.connector_scheduler._reqs_need_recv  # type: ignore[union-attr]
+        readers = {rid: n for rid, (req, *_) in pending.items()
+                   if (n := int((req.kv_transfer_params or {}).get(READERS, 1))) > 1}
+        meta = super().build_connector_meta(scheduler_output)
+        if readers:
+            meta.saaf_readers = readers  # NOTE: travels with the metadata to the worker (start_load_kv)
+        return meta
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        self._readers.update(getattr(self._connector_metadata, "saaf_readers", None) or {})
+        while len(self._readers) > READERS_KEPT:
+            self._readers.popitem(last=False)
+        super().start_load_kv(forward_context, **kwargs)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         count, load_async = super().get_num_new_matched_tokens(request, num_computed_tokens)

@@ -7,6 +7,8 @@ from typing import Any
 
 import msgpack
 
+READERS = "saaf_readers"  # kv_transfer_params key: how many decode requests pull one prefill's KV
+
 
 @dataclass
 class KVHandoff:
@@ -26,6 +28,7 @@ class KVHandoff:
     memory: str = "DRAM"
     node_id: str = ""  # Ray node of the prefill engine
     cached_tokens: int = 0  # prompt tokens the prefill engine found in its prefix cache
+    readers: int = 1  # decode requests that pull this KV (the n completions of one prompt); see connector.py
 
     @property
     def num_blocks(self) -> int:
@@ -46,6 +49,8 @@ class KVHandoff:
         # tokens, hiding what the decode engine really loaded; drop it so num_cached_tokens on decode
         # tells how many prompt tokens decode did not compute (the silent-recompute detector).
         params.pop("remote_prefill_cached_tokens", None)
+        if self.readers > 1:
+            params[READERS] = self.readers
         return params
 
     def to_dict(self) -> dict[str, Any]:

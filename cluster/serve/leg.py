@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -83,9 +84,18 @@ class Leg:
                  deadline: float, lead: Leg | None = None) -> None:
         self.svc = svc
         # NOTE: completion i > 0 of an n-way request is a sibling of completion 0 (its lead): the prompt is
-        # prefilled and moved once, for the lead; a sibling runs on the lead's decode worker once the lead's
-        # KV is there, its prompt then a prefix-cache hit (only the last partial block is computed again).
+        # prefilled once, for the lead. When the lead's prefill hands its KV off, every sibling pulls that KV
+        # itself onto the lead's decode worker (the handoff counts its readers, kvtransfer/connector.py) and
+        # samples its own first token there: one prompt token computed per sibling. When the lead prefills
+        # on its decode worker (a local prefill, colocated mode), a sibling runs there once the lead's KV is
+        # there, its prompt a prefix-cache hit (the last block is computed again).
         self.lead = lead
+        self.siblings: list[Leg] = []
+        if lead is not None:
+            lead.siblings.append(self)
+        self._offered = False  # this lead has offered its handoff to its siblings
+        self._shared: str | None = None  # a sibling: the decode worker where the lead's handoff is to be pulled
+        self._pulling: Any = None  # a sibling: its decode_stream() of that handoff, submitted by the lead
         self.kv_ready = asyncio.Event()  # set once this leg's prompt KV is on `kv_on`, or it never will be
         self.kv_on: str | None = None
         self.request_id = request_id
@@ -127,6 +137,9 @@ class Leg:
             await asyncio.wait_for(lead.kv_ready.wait(), timeout=max(self._left(), 0.001))
         except TimeoutError:
             raise _timeout("request", self.svc.cfg.serve.request_timeout_s) from None
+        if self._shared is not None:  # NOTE: the lead's prefill, pulled by this sibling itself
+            return dec._replace(prefill=lead.decision.prefill if lead.decision else None, decode=self._shared,
+                                local=False, placement="remote:sibling")
         if lead.kv_on is not None and lead.kv_on == dec.decode and self.svc.members.handle(dec.decode) is not None:
             return dec
         self.lead = None
@@ -216,6 +229,15 @@ class Leg:
 
     async def _attempt(self, rid: str, ids: list[int], params: Any, dec: RouteDecision) -> AsyncIterator[Any]:
         sc = self.svc.cfg.serve
+        if self._shared is not None:  # NOTE: a sibling: decode samples token 1 from the lead's pulled prompt
+            worker, self._shared = self._shared, None
+            if self._unpulled is None:  # closed meanwhile: close() released this reader's share
+                return
+            handle, handoff = self._unpulled
+            gen, self._pulling = self._pulling, None
+            async for out in self._decode(worker, handle, rid, ids, params, handoff, None, ids, gen):
+                yield out
+            return
         if self.svc.cfg.mode == "colocated" or dec.local or params.max_tokens == 1:
             # NOTE: one engine runs it all: colocated mode, a local prefill on the decode worker the router
             # chose, or a single token (the prefill worker alone).
@@ -228,6 +250,7 @@ class Leg:
         pre = await self._prefill(dec.prefill, rid, ids, params, dec.decode, carry)
         self.svc.metrics.prefill.observe(pre.handoff.prefill_s)
         handle = self._handle(dec.decode)
+        handoff = self._offer_siblings(dec.decode, handle, pre.handoff)
         first = pre.output
         c = first.outputs[0]
         dec_ids, dec_params = ids, params
@@ -239,7 +262,7 @@ class Leg:
             first.num_cached_tokens = pre.handoff.cached_tokens
             yield first
             if first.finished:  # EOS or a stop token: nothing left for a decode engine
-                asyncio.ensure_future(_release(handle, pre.handoff))
+                asyncio.ensure_future(_release(handle, handoff))
                 return
             dec_ids = ids + list(c.token_ids)
             dec_params = params.clone()
@@ -249,24 +272,53 @@ class Leg:
             first = None
         if self._closed:  # NOTE: the client hung up on the prefill's first token before the decode started:
             if not self._late_release:  # close() found nothing to stop, so the KV is released here
-                asyncio.ensure_future(_release(handle, pre.handoff))
+                asyncio.ensure_future(_release(handle, handoff))
             return
-        self._unpulled = (handle, pre.handoff)
-        gen = handle.decode_stream.options(num_returns="streaming").remote(rid, dec_ids, dec_params, pre.handoff)
-        async for item in self._stream(gen, dec.decode, self.svc.cfg.transfer.transfer_timeout_s + sc.token_timeout_s,
+        async for item in self._decode(dec.decode, handle, rid, dec_ids, dec_params, handoff, first, ids):
+            yield item
+
+    def _offer_siblings(self, worker: str | None, handle: Any, h: KVHandoff) -> KVHandoff:
+        """Once, on this lead's first handoff: the handoff as every waiting sibling pulls it too (one reader
+        each, counted in the handoff). Returns the handoff this leg pulls or releases."""
+        if self._offered or not self.siblings:
+            return h
+        self._offered = True
+        shared = dataclasses.replace(h, readers=1 + len(self.siblings))
+        for s in self.siblings:
+            if s._closed:  # NOTE: a reader that will never pull still notifies once, or the blocks wait for the lease
+                asyncio.ensure_future(_release(handle, shared))
+            else:  # NOTE: submitted here, in one burst with this leg's own, so the decode engine takes all
+                # the pulls in one step; each sibling's task streams its own
+                s._unpulled, s._shared = (handle, shared), worker
+                s._pulling = handle.decode_stream.options(num_returns="streaming").remote(
+                    s.request_id, s.ids, s.params, shared)
+                s._refs.add(s._pulling)
+        self.kv_ready.set()  # NOTE: the siblings stop waiting; they pull this handoff themselves
+        return shared
+
+    async def _decode(self, worker: str | None, handle: Any, rid: str, dec_ids: list[int], dec_params: Any,
+                      handoff: KVHandoff, first: Any, ids: list[int], gen: Any = None) -> AsyncIterator[Any]:
+        """decode_stream() of `handoff` on `worker`: its TransferTelemetry recorded, its outputs yielded
+        (`first`: the prefill's output whose prompt logprobs the first decode output carries; `gen`: that
+        call when already submitted)."""
+        sc = self.svc.cfg.serve
+        self._unpulled = (handle, handoff)
+        if gen is None:
+            gen = handle.decode_stream.options(num_returns="streaming").remote(rid, dec_ids, dec_params, handoff)
+        async for item in self._stream(gen, worker, self.svc.cfg.transfer.transfer_timeout_s + sc.token_timeout_s,
                                        first_timeout=True):
             if isinstance(item, TransferTelemetry):
                 self._unpulled = None
                 self.svc.transfers.record(item)
                 if item.outcome != "failed":  # NOTE: pulled, or recomputed there: the prompt's KV is on it
-                    self._kv_landed(dec.decode)
+                    self._kv_landed(worker)
                 continue
             if first is not None:  # NOTE: the decode engine sampled token 1 itself (regenerate path)
                 item.prompt_logprobs = first.prompt_logprobs
                 first = None
             # NOTE: the decode engine counts the prompt it loaded over NIXL as "cached"; the client's
             # cached-token count is the prefill engine's prefix-cache hit, as on one engine.
-            item.num_cached_tokens = pre.handoff.cached_tokens
+            item.num_cached_tokens = handoff.cached_tokens
             item.prompt_token_ids = ids
             yield item
 

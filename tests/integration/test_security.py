@@ -110,27 +110,44 @@ def test_every_listener_is_on_loopback_or_refuses_callers_without_the_ray_token(
     assert os.environ["RAY_AUTH_MODE"] == "token" and stat.S_IMODE(os.stat(token).st_mode) == 0o600
 
 
-def test_n_completions_are_prefilled_and_moved_once(endpoint, model_name, workers):
-    """n = 4 (seeded): one prefill and one KV transfer for the request, not four; completion i equals the
-    lone request with seed + i, as vLLM seeds its children (the siblings decode on the lead's decode worker
-    from its prefix-cached prompt)."""
+def test_n_completions_are_prefilled_once_and_each_pulls_the_kv(endpoint, model_name, workers):
+    """n = 4 (seeded), a block-aligned 256-token prompt: one prefill for the request, not four; each completion
+    pulls that prefill's KV (4 transfers of 256 tokens) and computes no prompt block again (the decode engine
+    computes at most one prompt token per completion: the last, to sample its own first token); the prefill
+    engine frees the blocks once the last reader has read them (no read after they were freed, nothing left
+    held); completion i equals the lone request with seed + i, as vLLM seeds its children."""
+    import time
+
     import ray
 
     decode = [h for role, h in workers.values() if role == "decode"]
-    prompt = list(range(1000, 1000 + 300))  # NOTE: not block-aligned: the siblings recompute < one block each
+    prefill = [h for role, h in workers.values() if role == "prefill"]
+    prompt = list(range(1000, 1000 + 256))  # NOTE: two whole CPU blocks: a prefix-cache hit would stop at one
     body = {"model": model_name, "prompt": prompt, "max_tokens": 6, "temperature": 0.8, "ignore_eos": True}
 
-    def counts() -> tuple[int, int]:
+    def counts() -> dict[str, int]:
         per = [ray.get(h.transfer_counters.remote(), timeout=30) for h in decode]
+        pre = [ray.get(h.totals_snapshot.remote(), timeout=30) for h in prefill]
         m = httpx.get(f"{endpoint}/metrics", timeout=10, trust_env=False).text
-        prefills = sum(float(ln.split()[-1]) for ln in m.splitlines() if ln.startswith("saaf_prefill_seconds_count"))
-        return sum(c["transfers"] + c["recomputes"] for c in per), int(prefills)
+        return {"prefills": int(sum(float(ln.split()[-1]) for ln in m.splitlines()
+                                    if ln.startswith("saaf_prefill_seconds_count"))),
+                "transfers": sum(c["transfers"] for c in per), "recomputes": sum(c["recomputes"] for c in per),
+                "computed": sum(c["prompt_tokens_computed"] for c in per),
+                "external": sum(c["prompt_tokens_external"] for c in per),
+                "late_reads": sum(c["kv_late_reads"] for c in pre)}
 
     before = counts()
     many = _post(endpoint, "/v1/completions", dict(body, n=4, seed=7))
     assert many.status_code == 200, many.text
     after = counts()
-    assert (after[0] - before[0], after[1] - before[1]) == (1, 1), (before, after)
+    delta = {k: after[k] - before[k] for k in after}
+    assert delta["prefills"] == 1 and delta["transfers"] == 4 and delta["recomputes"] == 0, delta
+    assert delta["external"] == 4 * 256 and delta["computed"] <= 4, delta
+    deadline = time.monotonic() + 20  # NOTE: well inside the KV lease: the readers' notifications freed them
+    while any(ray.get(h.stats.remote(), timeout=30).kv_usage for h in prefill) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(ray.get(h.stats.remote(), timeout=30).kv_usage for h in prefill)
+    assert counts()["late_reads"] == before["late_reads"]
     texts = [c["text"] for c in sorted(many.json()["choices"], key=lambda c: c["index"])]
     alone = [_post(endpoint, "/v1/completions", dict(body, seed=7 + i)).json()["choices"][0]["text"] for i in range(4)]
     assert texts == alone, (texts, alone)

@@ -1,6 +1,8 @@
 """n > 1 prefills the prompt once (cluster/serve/leg.py, Leg.lead): completions 1..n-1 are admitted with
-completion 0, onto its decode worker, as local prefills there once its KV has landed (their prompt a
-prefix-cache hit); if the lead's KV never lands there, a sibling is routed on its own. Fake router, no Ray."""
+completion 0, onto its decode worker. When the lead's prefill hands off its KV, each sibling pulls that handoff
+itself (one reader each, counted in the handoff); when the lead prefilled on its decode worker, a sibling runs
+there once its KV has landed (a prefix-cache hit); if neither happens, a sibling is routed on its own. Fake
+router and handles, no Ray."""
 
 from __future__ import annotations
 
@@ -101,5 +103,63 @@ def test_a_lead_that_ends_at_its_first_token_lets_its_siblings_go_at_once(monkey
             pass
         own = await asyncio.wait_for(waiting, 5)
         assert routed == [False, True] and own.decode == "decode-1" and lead.kv_on is None
+
+    asyncio.run(go())
+
+
+class _Handle:
+    """A decode worker's handle: records decode_stream() submissions and release() calls."""
+
+    def __init__(self) -> None:
+        self.pulls: list = []
+        self.released: list = []
+        self.decode_stream = SimpleNamespace(options=lambda **kw: SimpleNamespace(remote=self._pull))
+        self.release = SimpleNamespace(remote=self._release)
+
+    def _pull(self, rid, ids, params, handoff):
+        self.pulls.append((rid, handoff.readers))
+        return object()  # NOTE: a stand-in for the ObjectRefGenerator (hashable)
+
+    def _release(self, handoff):
+        self.released.append(handoff.readers)
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+
+def test_a_lead_offers_its_handoff_to_every_sibling_each_a_counted_reader(monkeypatch):
+    """The lead's handoff is pulled by all n completions: each waiting sibling gets it (readers = n) with its
+    pull already submitted, and stops waiting without asking the router; a sibling already closed releases its
+    read at once, so the prefill engine's count of readers still reaches n."""
+    import cluster.serve.leg as leg_module
+    from kvtransfer.handoff import READERS, KVHandoff
+
+    cancelled: list = []
+    monkeypatch.setattr(leg_module.ray, "cancel", cancelled.append)
+    svc, routed = _svc()
+    handle = _Handle()
+    h = KVHandoff("r-c0", "prefill-0", "prefill-0-x", 10, {"do_remote_prefill": True, "remote_block_ids": [1]},
+                  1024, 16)
+
+    async def go():
+        lead, a, b, gone = _legs(svc, 4)
+        decs = [await leg.admit() for leg in (lead, a, b, gone)]
+        lead.decision = decs[0]
+        gone.close()
+        waiting = asyncio.ensure_future(a._lead_kv(decs[1]))
+        await asyncio.sleep(0.05)
+        shared = lead._offer_siblings("decode-0", handle, h)
+        own = await asyncio.wait_for(waiting, 5)
+        await asyncio.sleep(0.05)
+        assert shared.readers == 4 and shared.decode_params()[READERS] == 4 and READERS not in h.decode_params()
+        assert sorted(handle.pulls) == [("r-c1", 4), ("r-c2", 4)] and handle.released == [4]
+        assert own.placement == "remote:sibling" and not own.local and own.prefill == "prefill-0"
+        assert own.decode == "decode-0" and routed == [False]
+        assert a._unpulled == (handle, shared) and b._unpulled == (handle, shared)
+        assert lead._offer_siblings("decode-0", handle, h) is h  # once: a retried lead pulls alone
+        pull = b._pulling
+        b.close()  # NOTE: a sibling closed before its pull reported: its pull is cancelled, its read released
+        await asyncio.sleep(0.05)
+        assert handle.released == [4, 4] and pull in cancelled
 
     asyncio.run(go())
