@@ -52,7 +52,7 @@ class DecodeWorker(EngineHost):
         outcome = "ok"
         lease = float(self.transfer_cfg.kv_lease_s)
         if h.created_at and handoff_latency > lease - lease_margin_s(lease):
-            # NOTE: issue 14: past (or about to pass) its lease, the prefill engine has freed these blocks
+            # NOTE: past (or about to pass) its lease, the prefill engine has freed these blocks
             # and new prompts may have overwritten them: a pull would stream wrong output with a 200.
             self.counters["lease_expired"] += 1
             if policy == "fail":
@@ -137,7 +137,7 @@ class DecodeWorker(EngineHost):
         there (its KV pull not started), yield the time waited so far. TimeoutError once the pull has run
         `timeout` seconds, or the engine made no step at all for `timeout` (hung).
 
-        NOTE: issue 14: the transfer timeout measures the transfer. Time queued on a busy decode engine is
+        NOTE: the transfer timeout measures the transfer. Time queued on a busy decode engine is
         not a failed transfer (recomputing it there would add work where capacity is short); it is bounded
         by the request's own deadline at the ingress, which receives the beats."""
         beat = submitted

@@ -62,7 +62,7 @@ def machine_busy_s() -> float:
     """CPU seconds every core of the machine spent running something, since boot: neither idle nor stolen.
 
     NOTE: steal (time the hypervisor gave another guest while this one wanted to run) is no process of this
-    machine's; counted as busy it read as "load not ours" (0.2-0.5 cores on a shared VM, 2026-12-06)."""
+    machine's; counted as busy it read as "load not ours" on a shared VM."""
     v = _cpu_ticks()
     idle = v[3] + (v[4] if len(v) > 4 else 0)
     return (sum(v[:7]) - idle) / os.sysconf("SC_CLK_TCK")

@@ -113,8 +113,8 @@ def free_port(host: str = "127.0.0.1", tries: int = 64) -> int:
     NOTE: not an ephemeral port (bind to port 0): between our choice and the bind (seconds later, during
     engine or Serve start) the kernel may hand the same port to any socket bound to port 0 or connecting out:
     vLLM's own ZMQ sockets ("Address already in use" killed an engine's handshake listener and hung it),
-    or a `vllm serve` starting beside a deployment (a clean-clone CI run lost the session's Serve port so,
-    2026-12-05). Ports below that range are never handed out that way; the range used (up to 12,000 ports
+    or a `vllm serve` starting beside a deployment (a CI run lost the session's Serve port so). Ports below
+    that range are never handed out that way; the range used (up to 12,000 ports
     below it, from 20,768 on Linux's default) stays above Ray's worker ports (10002-19999)."""
     import random
 

@@ -227,7 +227,7 @@ class PoolController:
                                type(e).__name__)
         if w["misses"] >= hc.failures and w["state"] == "ready" and wid not in self._replacing:
             # NOTE: a task of its own: a replacement can take startup_timeout_s, and every other worker
-            # keeps being checked (and replaced) meanwhile (issue 14)
+            # keeps being checked (and replaced) meanwhile
             task = asyncio.get_running_loop().create_task(self._replace(wid))
             self._replacing[wid] = task
             task.add_done_callback(lambda t, wid=wid: self._replaced(wid, t))

@@ -47,7 +47,7 @@ def use_loopback() -> dict[str, str]:
     NOTE: Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, when it is first imported, and the deploy and
     benchmark paths import it (cluster/control/pools.py) before they connect: with the variable set only then,
     ray.init(_node_ip_address="127.0.0.1") still resolved "127.0.0.1" to the host's interface address, and
-    the GCS and Ray's agents bound it (seen 2026-12-06: --node-ip-address=192.0.2.2). The constant is set
+    the GCS and Ray's agents bound it (--node-ip-address=<the host's address>). The constant is set
     again here for a Ray imported earlier."""
     os.environ.update({k: os.environ.get(k, v) for k, v in LOOPBACK_ENV.items()})
     import sys
@@ -105,9 +105,9 @@ def connect(address: str | None, *, num_cpus: int | None, object_store_mib: int,
             allow_unauthenticated: bool = True) -> bool:
     """Connect to Ray. Returns True when this process started an embedded local cluster.
 
-    A cluster given by address: its auth mode is its owner's (issue 14); we present its token, and refuse
+    A cluster given by address: its auth mode is its owner's; we present its token, and refuse
     one without auth unless ``allow_unauthenticated`` (the deploy passes ray.allow_unauthenticated). The
-    embedded cluster: loopback only, token auth with a fresh token (issue 36)."""
+    embedded cluster: loopback only, token auth with a fresh token."""
     import ray
 
     from cluster.control import raytoken

@@ -47,7 +47,7 @@ def _learn(ratio: float, used: float | None, observed_over_predicted: float, alp
 
     NOTE: not ratio x observed/predicted: ten requests routed together with a correction of 1 and measured 2x
     slow each said "2"; multiplying the current ratio by 2^alpha ten times taught 2^(10 alpha) (8x at alpha
-    0.3), and the next burst was refused whole (tests/integration/test_admission.py, 2026-12-04)."""
+    0.3), and the next burst was refused whole (tests/integration/test_admission.py)."""
     target = (ratio if used is None else used) * min(3.0, max(1 / 3, observed_over_predicted))
     return min(10.0, max(0.1, ratio ** (1.0 - alpha) * target ** alpha))
 

@@ -79,10 +79,10 @@ class LocalPrefill:
             return ttft, own, value, "never"
         admits = own >= self.admit_probability and value > 0
         # NOTE: an option that is admitted beats one that is refused (a refused request is worth 0, an admitted
-        # one its value > 0; 2026-12-05, mixed trace at 1.5 req/s: a local option at P(slo) 0.95 and value +0.23
-        # lost to a remote one at P(slo) 0.31 and value +0.30, and the request was refused). Between two of the
-        # same kind, the higher value; ties go local (no transfer, a prefill worker left free for the next long
-        # prompt).
+        # one its value > 0): comparing values alone, a local option likely to meet the SLO could lose to a
+        # remote one of slightly higher value that admission then refuses, and the request was refused. Between
+        # two of the same kind, the higher value; ties go local (no transfer, a prefill worker left free for the
+        # next long prompt).
         if admits != remote_admits:
             take = admits
         else:
@@ -99,10 +99,9 @@ class LocalPrefill:
         NOTE: a request's TPOT, (end - first token) / (output - 1), grows by stall / (output - 1) wherever the
         stall falls, half of what this counts. The margin stays: `step` (the streams' predicted TPOT) does not
         hold the stalls of the other prompts prefilled beside them during their life, and the step correction
-        learns from the median step, which leaves those stalls out. With the marginal cost alone (trial runs,
-        2026-12-05, 1.5 req/s, disaggregated `auto`, seeds 0-2) `auto` prefilled 9 prompts of one burst
-        locally; streams routed at a predicted 64-70 ms TPOT measured 200-240 ms and 12 of 30 met (26 at the
-        same seed without the change)."""
+        learns from the median step, which leaves those stalls out. With the marginal cost alone, a burst was
+        prefilled locally prompt after prompt and the streams beside it ran at about three times their predicted
+        TPOT (the evidence is in docs/router.md)."""
         if not streams:
             return 0.0
         stretch = stall_s / max(1.0, self._avg_out / 2)

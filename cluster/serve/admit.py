@@ -34,6 +34,23 @@ GENERATE_METHODS = {
 }
 
 
+# NOTE: vLLM's renderer names its own CLI flags when a request needs a tool-call parser; our users configure
+# the deployment, not vLLM's CLI, so the 400 names our setting and an example instead.
+TOOL_PARSER_FIX = ("needs a tool-call parser for this model's tool-call format: set it in the deploy config, e.g. "
+                   "serve: {vllm_args: [--enable-auto-tool-choice, --tool-call-parser, hermes]} (vLLM's parser "
+                   "names are accepted); the bundled SmolLM2's chat template has no tool format of its own")
+
+
+def our_setting_named(result: Any) -> Any:
+    """vLLM's error response for a tools request it cannot parse, with our setting named instead of vLLM's flags."""
+    err = getattr(result, "error", None)
+    msg = getattr(err, "message", None)
+    if isinstance(msg, str) and "--tool-call-parser to be set" in msg:
+        err.message = f"{msg.split(' requires ')[0]} {TOOL_PARSER_FIX}"  # type: ignore[union-attr]
+        err.param = err.param or "tool_choice"  # type: ignore[union-attr]
+    return result
+
+
 async def _until_disconnect(raw_request: Any) -> None:
     from vllm.entrypoints.serve.utils.api_utils import listen_for_disconnect
 
@@ -87,6 +104,7 @@ def admit_streams_first(method: Callable[..., Any], slo: SLOConfig, cap: int = 1
             raise
         finally:
             CURRENT.reset(token)
+        result = our_setting_named(result)
         if inspect.isasyncgen(result):
             try:
                 await admit_all(ctx, raw_request)

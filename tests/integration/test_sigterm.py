@@ -295,6 +295,22 @@ def test_api_keys_from_the_environment_guard_the_endpoint(deploy_cli):
     assert API_KEY not in stats and API_KEY not in metrics and not any(API_KEY in ln for ln in lines)
 
 
+def test_tools_without_a_tool_parser_are_a_400_naming_our_setting(deploy_cli):
+    """The deploy CLI's deployment sets no tool-call parser (the embedded default's case): a tools request with
+    tool_choice auto or required is a 400 that names serve.vllm_args with an example, not vLLM's CLI flags."""
+    proc, endpoint, lines, family = deploy_cli
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}
+    model = httpx.get(f"{endpoint}/v1/models", timeout=30, headers=AUTH).json()["data"][0]["id"]
+    for choice in ("auto", "required"):
+        r = httpx.post(f"{endpoint}/v1/chat/completions", timeout=60, headers=AUTH, json={
+            "model": model, "messages": [{"role": "user", "content": "weather?"}], "max_tokens": 4,
+            "tools": [tool], "tool_choice": choice})
+        assert r.status_code == 400, r.text
+        msg = r.json()["error"]["message"]
+        assert "serve: {vllm_args: [--enable-auto-tool-choice, --tool-call-parser, hermes]}" in msg, msg
+        assert "to be set" not in msg, msg
+
+
 def test_a_flood_is_refused_at_once_and_nothing_hangs(deploy_cli):
     """1,000 concurrent clients against one ingress replica capped at MAX_INFLIGHT: every one answered (200,
     or 429 with Retry-After), no 5xx, no hang, and a good request is served normally right after."""
