@@ -5,7 +5,7 @@
                                  --workers 64 --calls 3000 --decision-rate 50]
 
 Part 1 simulates the same bursty trace (gamma arrivals, short chat prompts mixed with long documents)
-on the same pools once per policy (cluster.router_sim.compare_policies) and prints SLO attainment and
+on the same pools once per policy (benchmarks.router_sim.compare_policies) and prints SLO attainment and
 goodput. Part 2 times `policy(req, prefill_stats, decode_stats)` in-process over `--workers` synthetic
 workers (half prefill, half decode), with stats refreshed every 100 decisions as the ingress would.
 """
@@ -18,9 +18,16 @@ import sys
 import time
 from typing import NamedTuple
 
+from benchmarks.router_sim import (
+    Pools,
+    bursty_trace,
+    compare_policies,
+    format_sweep,
+    format_table,
+    sweep_rates,
+)
 from cluster.config import RouterConfig, SLOConfig
 from cluster.router import RouteRequest, latency_from_config, make_policy
-from cluster.router.sim import Pools, bursty_trace, compare_policies, format_sweep, format_table, sweep_rates
 from engine.stats import WorkerStats
 from placement.latency import LatencyModel
 

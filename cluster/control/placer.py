@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from placement.errors import PlacementError  # NOTE: one name: the pools cannot be placed on this cluster
 from placement.packing import pack_nodes
 
 logger = logging.getLogger(__name__)
@@ -27,10 +28,6 @@ LABEL_RE = re.compile(r"^([PD])(\d+)(?:\.(\d+))?$")
 ROLE_OF = {"P": "prefill", "D": "decode"}
 # NOTE: Ray rejects a bundle without resources; a worker reserving 0 CPUs still gets a token share.
 MIN_BUNDLE_CPU = 0.01
-
-
-class PlacementError(Exception):
-    """The pools cannot be placed on this cluster; the message says why and what to change."""
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
 """The router: which prefill and decode workers serve a request, and whether to admit it at all.
 
-- `policy`: RouteRequest / RouteDecision, the Policy contract, the registry (`make_policy`).
+- `policy`: RouteRequest / RouteDecision / Pools, the Policy contract, the registry (`make_policy`).
 - `baselines`: least_loaded, round_robin. `goodput` (+ `goodput_state`): predicted TTFT/TPOT per pair.
 - `latency`: the latency model a router config names.
-- `membership`: the pools as this ingress sees them (handles, roles, WorkerStats refreshed in the background).
-- `admission`: queue, refuse or serve anyway when the policy says no.
-- `sim`: the policies in placement's simulator (benchmarks.router).
+- `admission`: queue, refuse or serve anyway when the policy says no (the pools from a `PoolSource`).
+
+No Ray here: the ingress's view of the pools is cluster/serve/membership.py; the policies in placement's
+simulator are benchmarks/router_sim.py.
 """
 
 from cluster.router import baselines, goodput  # noqa: F401  (register their policies)

@@ -10,14 +10,13 @@ from collections.abc import Callable
 
 from cluster.config import RouterConfig
 from cluster.errors import rate_limited, unavailable
-from cluster.router.membership import Membership
-from cluster.router.policy import Policy, RouteDecision, RouteRequest
+from cluster.router.policy import Policy, PoolSource, RouteDecision, RouteRequest
 
 POLL_S = 0.05  # how often a queued request asks the policy again
 
 
 class Admission:
-    def __init__(self, policy: Policy, membership: Membership, router_cfg: RouterConfig, *,
+    def __init__(self, policy: Policy, membership: PoolSource, router_cfg: RouterConfig, *,
                  colocated: bool, recovery_timeout_s: float,
                  on_wait: Callable[[float], None] | None = None) -> None:
         self.policy = policy

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from engine.stats import WorkerStats
 
@@ -60,6 +60,19 @@ class RouteDecision(NamedTuple):
     ttft_ratio: float | None = None
     tpot_ratio: float | None = None  # NOTE: at the batch `tpot_batch` the request joined
     tpot_batch: int = 0
+
+
+class Pools(NamedTuple):
+    """The workers a policy chooses from, as their latest stats."""
+
+    prefill: list[WorkerStats]
+    decode: list[WorkerStats]  # the colocated workers in colocated mode
+
+
+class PoolSource(Protocol):
+    """Where admission reads the pools from (the ingress's membership), leaving out `exclude`d workers."""
+
+    def pools(self, exclude: set[str] | frozenset[str] = frozenset()) -> Pools: ...
 
 
 class Policy(ABC):

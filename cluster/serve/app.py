@@ -18,11 +18,11 @@ from ray import serve
 
 from cluster.config import DeployConfig
 from cluster.router.admission import Admission
-from cluster.router.membership import Membership
 from cluster.router.policy import make_policy
 from cluster.serve.direct import bind, serve_forever
 from cluster.serve.frontend import build_frontend
 from cluster.serve.leg import Services
+from cluster.serve.membership import Membership
 from cluster.serve.metrics import Metrics
 from cluster.serve.traffic import REPORT_EVERY_S, TrafficLog, report_loop
 from cluster.serve.transfers import TransferLog

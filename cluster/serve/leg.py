@@ -27,8 +27,8 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 from cluster.config import DeployConfig
 from cluster.errors import ServeError, unavailable
 from cluster.router.admission import Admission
-from cluster.router.membership import Membership
 from cluster.router.policy import RouteDecision, RouteRequest
+from cluster.serve.membership import Membership
 from cluster.serve.metrics import Metrics
 from cluster.serve.traffic import TrafficLog
 from cluster.serve.transfers import TransferLog

@@ -1,4 +1,4 @@
-"""The ingress's view of the pools (cluster/router/membership.py): a worker removed while a stats refresh
+"""The ingress's view of the pools (cluster/serve/membership.py): a worker removed while a stats refresh
 was waiting for its answer does not come back with that answer (a clean-clone CI run saw /v1/stats list two
 drained and stopped workers for minutes after the planner loop shrank both pools)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from cluster.router.membership import Membership
+from cluster.serve.membership import Membership
 from engine.stats import WorkerStats
 
 

@@ -12,7 +12,7 @@ import pytest
 from cluster.config import DeployConfig, RouterConfig, SLOConfig
 from cluster.router import RouteRequest, make_policy
 from cluster.router.admission import Admission
-from cluster.router.membership import Membership
+from cluster.serve.membership import Membership
 from engine.stats import WorkerStats
 
 

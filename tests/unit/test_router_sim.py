@@ -5,9 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cluster.config import SLOConfig
-from cluster.router import latency_from_config
-from cluster.router.sim import (
+from benchmarks.router_sim import (
     Pools,
     StatsDispatch,
     bursty_trace,
@@ -16,6 +14,8 @@ from cluster.router.sim import (
     format_table,
     sweep_rates,
 )
+from cluster.config import SLOConfig
+from cluster.router import latency_from_config
 from placement.latency import LatencyModel
 from placement.simulator import simulate_disaggregated
 

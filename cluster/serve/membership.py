@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from cluster.router.policy import Pools
 from engine.stats import WorkerStats
 
 logger = logging.getLogger(__name__)
@@ -21,11 +22,6 @@ class Member(NamedTuple):
     worker_id: str
     role: str  # prefill | decode | colocated
     handle: Any  # the worker's Ray actor handle
-
-
-class Pools(NamedTuple):
-    prefill: list[WorkerStats]
-    decode: list[WorkerStats]  # the colocated workers in colocated mode
 
 
 class Membership:
