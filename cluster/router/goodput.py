@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from cluster.router.goodput_state import _INF, WorkerState, _learn
 from cluster.router.latency import latency_from_config
 from cluster.router.local_prefill import Declined, LocalPrefill
-from cluster.router.policy import Policy, RouteDecision, RouteRequest, register
+from cluster.router.policy import Corrections, Policy, RouteDecision, RouteRequest, register
 from engine.stats import WorkerStats
 from placement.latency import LatencyModel, Terms
 
@@ -362,8 +362,8 @@ class GoodputPolicy(LocalPrefill, Policy):
                     f"no worker meets the targets with a local prefill: P(slo)={l_own:.3f} (net of others "
                     f"{l_value:.3f}), TTFT {l_ttft:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {l_tpot:.3f} s")
                 return RouteDecision(l_admit, None, d.worker_id, reason, l_ttft, l_tpot if out > 1 else None, l_own,
-                                     local=True, placement=f"local:{why}", step_ratio=ds.step_ratio,
-                                     ttft_ratio=ds.ttft_ratio, tpot_ratio=ds.tpot_correction(tb), tpot_batch=tb)
+                                     local=True, placement=f"local:{why}",
+                                     corrections=Corrections(ds.step_ratio, ds.ttft_ratio, ds.tpot_correction(tb), tb))
         p_id = None if colocated else prefill[pi].worker_id
         ticket = 0
         if admit or self.record_refused:
@@ -383,9 +383,9 @@ class GoodputPolicy(LocalPrefill, Policy):
             f"{ttft_s:.3f} s vs {req.ttft_slo_s:.3f} s, TPOT {tpot:.3f} s vs {req.tpot_slo_s:.3f} s"
             + ("" if declined is None else f"; local prefill on {d.worker_id}: {declined}"))
         return RouteDecision(admit, p_id, d.worker_id, reason, ttft_s, tpot if out > 1 else None, p_own,
-                             placement=placement, step_ratio=ds.step_ratio, ticket=ticket,
-                             ttft_ratio=self.states[pool[pi].worker_id].ttft_ratio,
-                             tpot_ratio=ds.tpot_correction(tb), tpot_batch=tb)
+                             placement=placement,
+                             corrections=Corrections(ds.step_ratio, self.states[pool[pi].worker_id].ttft_ratio,
+                                                     ds.tpot_correction(tb), tb, ticket))
 
     def _revise(self, wid: str, maxb: int, now: float, cost: float, transfer: float, tokens: int,
                 wait: float) -> int:
@@ -462,12 +462,13 @@ class GoodputPolicy(LocalPrefill, Policy):
         """The TTFT predicted for this decision (as revised by later routes into its prefill step), after
         moving the serving worker's TTFT correction toward measured/predicted."""
         pred, wid = decision.predicted_ttft_s, decision.prefill or decision.decode
-        e = self._tickets.pop(decision.ticket, None) if decision.ticket else None
+        c = decision.corrections or Corrections()
+        e = self._tickets.pop(c.ticket, None) if c.ticket else None
         if e is not None:
             pred = e[2] - e[0] + e[3]
         if wid and pred and math.isfinite(pred) and ttft_s > 0:
             st = self._state(wid)
-            st.ttft_ratio = _learn(st.ttft_ratio, decision.ttft_ratio, ttft_s / pred, self.alpha)
+            st.ttft_ratio = _learn(st.ttft_ratio, c.ttft_ratio, ttft_s / pred, self.alpha)
         return pred
 
     def observe(self, decision: RouteDecision, route: RouteRequest, ttft_s: float,
@@ -484,16 +485,17 @@ class GoodputPolicy(LocalPrefill, Policy):
                                      None if p_tpot is None or not math.isfinite(p_tpot) else round(p_tpot, 5),
                                      None if tpot_s is None else round(tpot_s, 5), decision.placement or "colocated"))
         pred = decision.predicted_tpot_s
+        c = decision.corrections or Corrections()
         if decision.decode and pred and math.isfinite(pred) and tpot_s:
             st = self._state(decision.decode)
-            if decision.step_ratio:
+            if c.step_ratio:
                 # NOTE: the step-time correction learnt from this very request's steps since it was routed is
                 # not the TPOT correction's to learn again (their product would count the slowdown twice):
                 # compare with the prediction the current step correction makes.
-                pred *= st.step_ratio / decision.step_ratio
-            st.tpot_ratio = _learn(st.tpot_ratio, decision.tpot_ratio, tpot_s / pred, self.alpha)
+                pred *= st.step_ratio / c.step_ratio
+            st.tpot_ratio = _learn(st.tpot_ratio, c.tpot_ratio, tpot_s / pred, self.alpha)
             # NOTE: and the batch it was learnt at (WorkerState.tpot_correction): the one this request joined
-            st.tpot_b += self.alpha * ((decision.tpot_batch or 1) - st.tpot_b)
+            st.tpot_b += self.alpha * ((c.tpot_batch or 1) - st.tpot_b)
             st.set_dr()
 
 

@@ -43,6 +43,19 @@ def prefix_ladder(ids: Sequence[int]) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
+class Corrections(NamedTuple):
+    """What the goodput policy's predictions for one route used, handed back with its measurements.
+
+    NOTE: what a measurement teaches is relative to the corrections its prediction used, so a burst routed
+    with one correction and measured later moves it once, not once per request."""
+
+    step_ratio: float | None = None  # the decode worker's step-time correction the TPOT used
+    ttft_ratio: float | None = None
+    tpot_ratio: float | None = None  # at the batch `tpot_batch` the request joined
+    tpot_batch: int = 0
+    ticket: int = 0  # its key to the TTFT prediction that later routes to the same batch revise
+
+
 class RouteDecision(NamedTuple):
     admit: bool
     prefill: str | None  # worker id (None in colocated mode)
@@ -50,16 +63,10 @@ class RouteDecision(NamedTuple):
     reason: str = ""
     predicted_ttft_s: float | None = None
     predicted_tpot_s: float | None = None
-    p_slo: float | None = None  # predicted probability of meeting both targets (goodput policy)
+    p_slo: float | None = None  # predicted probability of meeting both targets (a predicting policy's)
     local: bool = False  # prefill on the decode worker itself (no KV transfer); `prefill` is then None
     placement: str = ""  # "remote:<why>" / "local:<why>" (router.disaggregation), counted in /metrics
-    step_ratio: float | None = None  # goodput: the decode worker's step-time correction the TPOT used
-    ticket: int = 0  # goodput: its key to the TTFT prediction that later routes to the same batch revise
-    # NOTE: goodput: the TTFT and TPOT corrections the predictions used; what a measurement teaches is relative
-    # to them, so a burst routed with one correction and measured later moves it once, not once per request
-    ttft_ratio: float | None = None
-    tpot_ratio: float | None = None  # NOTE: at the batch `tpot_batch` the request joined
-    tpot_batch: int = 0
+    corrections: Corrections | None = None  # the goodput policy's, for its own observe()
 
 
 class Pools(NamedTuple):

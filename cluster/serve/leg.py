@@ -126,7 +126,7 @@ class Leg:
 
     async def _beside_lead(self) -> RouteDecision:
         dec = await self.lead.admit()  # type: ignore[union-attr]
-        return dec._replace(prefill=None, local=True, placement="local:sibling", ticket=0)
+        return dec._replace(prefill=None, local=True, placement="local:sibling", corrections=None)
 
     async def _lead_kv(self, dec: RouteDecision) -> RouteDecision:
         """Wait (within the deadline) until the lead's KV is on its decode worker; if it never gets there

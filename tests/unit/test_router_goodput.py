@@ -292,7 +292,7 @@ def test_a_slowdown_learnt_from_step_times_is_not_learnt_again_from_the_same_req
     model = LAT.decode_step_time_s(1, 300)
     p = policy(ewma_alpha=1.0)
     d = p(req(), [pw(0)], [dw(0, running=0, ctx=0)])
-    assert d.admit and d.step_ratio == pytest.approx(1.0)
+    assert d.admit and d.corrections.step_ratio == pytest.approx(1.0)
     p(req(), [pw(0)], [dw(0, running=1, ctx=300, steps=(3 * model,) * 8)])  # stats while it runs
     assert p.states["d0"].step_ratio == pytest.approx(3.0)
     p.observe(d, req(), ttft_s=d.predicted_ttft_s, tpot_s=3 * d.predicted_tpot_s)
@@ -403,16 +403,16 @@ def test_a_burst_measured_after_it_was_routed_teaches_its_slowdown_once() -> Non
     p = policy(ewma_alpha=0.3)
     pre, dec = [pw(0)], [dw(0)]
     burst = [p(req(200, 16, ttft=30.0, tpot=5.0), pre, dec) for _ in range(10)]
-    assert all(d.admit and d.ttft_ratio == 1.0 and d.tpot_ratio == 1.0 for d in burst)
+    assert all(d.admit and d.corrections.ttft_ratio == 1.0 and d.corrections.tpot_ratio == 1.0 for d in burst)
     # each TTFT as revised by the later routes into its prefill step (they share it), 2x late
-    revised = [(lambda e: e[2] - e[0] + e[3])(p._tickets[d.ticket]) for d in burst]
+    revised = [(lambda e: e[2] - e[0] + e[3])(p._tickets[d.corrections.ticket]) for d in burst]
     for d, ttft in zip(burst, revised, strict=True):
         p.observe(d, req(200, 16), 2 * ttft, 2 * d.predicted_tpot_s)
     st_p, st_d = p.states["p0"], p.states["d0"]
     assert 1.9 < st_p.ttft_ratio <= 2.0 and 1.9 < st_d.tpot_ratio <= 2.0
     # a request routed with the learnt correction and measured as predicted leaves it where it is
     d = p(req(), pre, dec)
-    assert d.ttft_ratio == pytest.approx(st_p.ttft_ratio)
+    assert d.corrections.ttft_ratio == pytest.approx(st_p.ttft_ratio)
     before = st_p.ttft_ratio
     p.observe(d, req(), d.predicted_ttft_s, d.predicted_tpot_s)
     assert st_p.ttft_ratio == pytest.approx(before)
@@ -466,18 +466,18 @@ def test_a_tpot_correction_learnt_under_four_streams_applies_in_part_to_a_lone_o
     p = policy(ewma_alpha=1.0)
     busy = dw(0, running=3, ctx=900)
     d = p(req(), [pw(0)], [busy])
-    assert d.admit and d.tpot_batch == 4 and d.tpot_ratio == pytest.approx(1.0)
+    assert d.admit and d.corrections.tpot_batch == 4 and d.corrections.tpot_ratio == pytest.approx(1.0)
     p.observe(d, req(), ttft_s=d.predicted_ttft_s, tpot_s=1.4 * d.predicted_tpot_s)
     st = p.states["d0"]
     assert st.tpot_ratio == pytest.approx(1.4) and st.tpot_b == pytest.approx(4.0)
     # the same batch again: all of it
     again = policy(ewma_alpha=1.0)(req(), [pw(0)], [busy])
     d4 = p(req(), [pw(0)], [busy._replace(timestamp_s=1001.0)])
-    assert d4.tpot_ratio == pytest.approx(1.4)
+    assert d4.corrections.tpot_ratio == pytest.approx(1.4)
     assert d4.predicted_tpot_s == pytest.approx(1.4 * again.predicted_tpot_s, rel=0.02)
     # a lone stream, once the batch has gone (stats a second later: no stream, nothing on its way)
     d1 = p(req(), [pw(0)], [dw(0, ts=1001.0)])
-    assert d1.tpot_batch == 1 and d1.tpot_ratio == pytest.approx(1.4 ** 0.25)
+    assert d1.corrections.tpot_batch == 1 and d1.corrections.tpot_ratio == pytest.approx(1.4 ** 0.25)
     # and what a lone stream measured as predicted teaches: the correction it was predicted with
     p.observe(d1, req(), ttft_s=d1.predicted_ttft_s, tpot_s=d1.predicted_tpot_s)
     assert st.tpot_ratio == pytest.approx(1.4 ** 0.25) and st.tpot_b == pytest.approx(1.0)

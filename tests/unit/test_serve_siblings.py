@@ -25,7 +25,7 @@ def _svc() -> tuple[Services, list]:
 
     async def route(req, exclude=frozenset(), must_admit=False):
         routed.append(must_admit)
-        return RouteDecision(True, "prefill-0", f"decode-{len(routed) - 1}", placement="remote:policy", ticket=7)
+        return RouteDecision(True, "prefill-0", f"decode-{len(routed) - 1}", placement="remote:policy")
 
     metrics = Metrics()
     members = SimpleNamespace(handle=lambda w: object())
