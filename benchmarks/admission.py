@@ -104,7 +104,7 @@ def ingresses(deployment: dict[str, Any], specs: list[IngressSpec]) -> Iterator[
     cores two of them take little longer than one)."""
     from ray import serve
 
-    from cluster.control.deploy import controller_name, endpoint_url, wait_until_healthy
+    from cluster.control.lifecycle import controller_name, endpoint_url, wait_until_healthy
     from cluster.serve.app import Ingress
     from kvtransfer.config import free_port
 
@@ -226,9 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from cluster.config import parse_config
-    from cluster.control import deploy
-    from cluster.control.cli import shutdown_embedded
+    from cluster.control import lifecycle
     from cluster.control.runtime import connect
+    from cluster.deploy import shutdown_embedded
     from kvtransfer.config import free_port
 
     connect(None, num_cpus=16, object_store_mib=256, namespace="saaf-bench")
@@ -236,14 +236,14 @@ def main(argv: list[str] | None = None) -> int:
                         "engine": {"model": "smollm2", "kv_cache_mib": 128, "max_model_len": 1024},
                         "pools": {"prefill": 1, "decode": 1}, "router": {"policy": "least_loaded"},
                         "serve": {"port": free_port()}, "ray": {"namespace": "saaf-bench"}, "worker_cpus": 1})
-    info = deploy.start(cfg, ready_timeout_s=600)
+    info = lifecycle.start(cfg, ready_timeout_s=600)
     try:
-        ctl = ray.get_actor(deploy.controller_name(cfg), namespace=cfg.ray.namespace)
+        ctl = ray.get_actor(lifecycle.controller_name(cfg), namespace=cfg.ray.namespace)
         _, members = ray.get(ctl.members.remote(), timeout=30)
         workers = {wid: (role, h) for wid, role, h, _ in members}
         res = run(info, workers, a.burst)
     finally:
-        deploy.stop(info["config"])
+        lifecycle.stop(info["config"])
         shutdown_embedded()
     body = {"burst": a.burst, "model": "SmolLM2-135M-Instruct", "pools": "1 prefill + 1 decode",
             "admission_router": ADMISSION_ROUTER, **res}

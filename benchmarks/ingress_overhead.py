@@ -76,9 +76,9 @@ def main() -> int:
 
     from benchmarks.compare.provenance import Provenance, write_artefact
     from cluster.config import parse_config
-    from cluster.control import deploy
-    from cluster.control.cli import shutdown_embedded
+    from cluster.control import lifecycle
     from cluster.control.runtime import connect
+    from cluster.deploy import shutdown_embedded
     from kvtransfer.config import free_port
 
     prov = Provenance.start(["python", "-m", "benchmarks.ingress_overhead"], sys.argv[1:])
@@ -88,8 +88,8 @@ def main() -> int:
                         "serve": {"port": free_port(), "proxy_port": proxy}, "transfer": {"fabric_check": False}})
     connect(None, num_cpus=None, object_store_mib=256, namespace=cfg.ray.namespace)
     try:
-        info = deploy.start(cfg)
-        ctl = ray.get_actor(deploy.controller_name(cfg), namespace=cfg.ray.namespace)
+        info = lifecycle.start(cfg)
+        ctl = ray.get_actor(lifecycle.controller_name(cfg), namespace=cfg.ray.namespace)
         _, members = ray.get(ctl.members.remote(), timeout=30)
         prefill = next(h for _, role, h, _ in members if role == "prefill")
         decode = next(h for _, role, h, _ in members if role == "decode")
@@ -123,7 +123,7 @@ def main() -> int:
             write_artefact(a.out, prov, {"settings": {"model": info["model"], "n": a.n,
                                                       "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_tokens},
                                          "figures": figures})
-        deploy.stop(info["config"])
+        lifecycle.stop(info["config"])
     finally:
         shutdown_embedded()
     return 0

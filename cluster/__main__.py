@@ -1,3 +1,3 @@
-from cluster.control.cli import main
+from cluster.deploy import main
 
 raise SystemExit(main())

@@ -87,14 +87,15 @@ class NixlConnector(_VllmNixlConnector):
         side_channel.harden(self.connector_scheduler)  # NOTE: before vLLM starts its listener (set_xfer_handshake_metadata)
         self._started: list[str] = []  # scheduler side: loads started since the last stats
         self._readers: OrderedDict[str, int] = OrderedDict()  # worker side: decode request id -> readers
-        if self.connector_worker is not None:
-            read = self.connector_worker._read_blocks
+        worker = getattr(self, "connector_worker", None)  # NOTE: set by vLLM's init (None on the scheduler side)
+        if worker is not None:
+            read = worker._read_blocks
 
             def _read_blocks(**kw: Any) -> bool:  # NOTE: vLLM calls it with keywords only
                 kw["expected_consumers"] *= self._readers.get(kw["request_id"], 1)
                 return read(**kw)
 
-            self.connector_worker._read_blocks = _read_blocks
+            worker._read_blocks = _read_blocks
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         pending = self.connector_scheduler._reqs_need_recv  # type: ignore[union-attr]

@@ -7,7 +7,7 @@
 - ``unit_packing``: algorithm 2 (DistServe): units of prefill + decode instances, each unit on one node,
   as many whole units to a node as fit.
 
-The deploy check (cluster/control/deploy.py) asks ``first_fit`` whether the pools fit a real cluster's
+The deploy check (cluster/control/lifecycle.py) asks ``first_fit`` whether the pools fit a real cluster's
 nodes; the placer maps logical nodes onto real ones (cluster/control/placer.py)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Deploying one variant and tearing it down with nothing left running, two ways:
 
-- ``InProcessDeployment``: ``cluster.control.deploy.start`` on the Ray this process started (``embedded_ray``),
+- ``InProcessDeployment``: ``cluster.control.lifecycle.start`` on the Ray this process started (``embedded_ray``),
   so several variants deploy in turn on one Ray, and each engine's PID comes from the worker itself;
 - ``SubprocessDeployment``: ``python -m cluster.deploy CONFIG`` as a user runs it (its own embedded Ray),
   engines found by their Ray process titles.
@@ -22,10 +22,10 @@ from typing import Any, NamedTuple
 import yaml
 
 from benchmarks.compare.procstat import cmdline
-from cluster.control import deploy
-from cluster.control.cli import shutdown_embedded
+from cluster.control import lifecycle
 from cluster.control.pools import WORKER_CLASSES
 from cluster.control.runtime import connect
+from cluster.deploy import shutdown_embedded
 from engine.procs import tree
 
 logger = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def _reap(pids: list[int], grace_s: float) -> int:
 
 
 class InProcessDeployment(Deployment):
-    """``cluster.control.deploy.start`` / ``stop`` on the Ray cluster this process is connected to."""
+    """``cluster.control.lifecycle.start`` / ``stop`` on the Ray cluster this process is connected to."""
 
     def __init__(self, config: dict[str, Any], stop_grace_s: float = 30.0) -> None:
         super().__init__(config)
@@ -77,7 +77,7 @@ class InProcessDeployment(Deployment):
         from cluster.config import parse_config
 
         cfg = parse_config(self.config, f"{self.config.get('name', 'variant')} config")
-        info = deploy.start(cfg, ready_timeout_s=ready_timeout_s)
+        info = lifecycle.start(cfg, ready_timeout_s=ready_timeout_s)
         self._info = info
         workers = [{k: w.get(k) for k in WORKER_KEYS} for w in info["workers"]]
         engines = {w["pid"]: w["worker_id"] for w in info["workers"] if w.get("pid")}
@@ -88,7 +88,7 @@ class InProcessDeployment(Deployment):
             return 0
         info, self._info = self._info, None
         pids = [p for w in info["workers"] if w.get("pid") for p in tree(w["pid"])]
-        deploy.stop(info["config"])
+        lifecycle.stop(info["config"])
         # NOTE: the workers' processes end after their actors are killed; wait for that (bounded) so the
         # next variant never shares the CPUs with a previous one's EngineCore.
         return _reap(pids, self.stop_grace_s)
@@ -114,7 +114,7 @@ class SubprocessDeployment(Deployment):
         self._proc = DeployProcess(str(path))
         try:
             startup_s = self._proc.start(ready_timeout_s)
-            endpoint = deploy.endpoint_url(cfg)
+            endpoint = lifecycle.endpoint_url(cfg)
             model = first_model(endpoint, None)
         except BaseException:
             self.stop()

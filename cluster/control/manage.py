@@ -65,7 +65,7 @@ def _status(ctl, args) -> int:
         rows.append({"worker_id": w["worker_id"], "role": w["role"], "state": w["state"], "healthy": healthy,
                      "node_id": info.get("node_id"), "pinned_node": w["pinned_node"],
                      "placement_group": w["placement_group"], "bundles": w["bundles"], "stats": stats})
-    from cluster.control.deploy import endpoint_url
+    from cluster.control.lifecycle import endpoint_url
 
     endpoint = endpoint_url(cfg) + "/v1"
     planner = ray.get(ctl.planner_status.remote(), timeout=30)
@@ -111,7 +111,7 @@ def _shutdown(ctl) -> int:
     import ray
 
     from cluster.config import DeployConfig
-    from cluster.control.deploy import drain_summary, stop
+    from cluster.control.lifecycle import drain_summary, stop
 
     cfg = DeployConfig.model_validate(ray.get(ctl.config.remote(), timeout=30))
     print(drain_summary(stop(cfg)))

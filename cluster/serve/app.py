@@ -122,7 +122,7 @@ class Ingress:
             raise RuntimeError(f"the direct HTTP server on {self.cfg.serve.host}:{self.cfg.serve.port} stopped: "
                                f"{self._server.exception() if not self._server.cancelled() else 'cancelled'}")
 
-    # ---- graceful shutdown (called through the app's Serve handle by cluster.control.deploy) --------
+    # ---- graceful shutdown (called through the app's Serve handle by cluster.control.lifecycle) --------
     async def begin_drain(self) -> int:
         """Stop admitting: new requests get 503 and /health says draining. Returns requests in flight."""
         self.client.draining = True

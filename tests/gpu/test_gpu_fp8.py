@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 
 def _deploy(name: str, engine: dict, mode: str, pools: dict):
     from cluster.config import parse_config
-    from cluster.control import deploy
+    from cluster.control import lifecycle
 
     cfg = parse_config({
         "name": name, "mode": mode,
@@ -26,14 +26,14 @@ def _deploy(name: str, engine: dict, mode: str, pools: dict):
                    "gpu_memory_utilization": 0.2, "gpu_fraction": 0.3, "max_model_len": 2048, **engine},
         "pools": pools, "serve": {"port": free_port()}, "ray": {"namespace": "saaf-gpu-fp8"},
     })
-    return deploy.start(cfg, ready_timeout_s=600)
+    return lifecycle.start(cfg, ready_timeout_s=600)
 
 
 def test_gpu_fp8_weights_and_kv_cache_transfer_over_vram_and_keep_task_accuracy():
     from benchmarks.taskeval import run_taskeval
-    from cluster.control import deploy
-    from cluster.control.cli import shutdown_embedded
+    from cluster.control import lifecycle
     from cluster.control.runtime import connect
+    from cluster.deploy import shutdown_embedded
     from engine.models import resolve_model
 
     connect(None, num_cpus=8, object_store_mib=512, namespace="saaf-gpu-fp8")
@@ -59,12 +59,12 @@ def test_gpu_fp8_weights_and_kv_cache_transfer_over_vram_and_keep_task_accuracy(
                 assert t["kv_bytes"] < 0.75 * bf16_per_token * t["prompt_tokens"], (t, bf16_per_token)
             scores["fp8"] = run_taskeval(info["endpoint"], info["model"], model_dir)
         finally:
-            deploy.stop(info["config"])
+            lifecycle.stop(info["config"])
         base = _deploy("gpubf16", {"dtype": "bfloat16"}, "colocated", {"colocated": 1})
         try:
             scores["bf16"] = run_taskeval(base["endpoint"], base["model"], model_dir)
         finally:
-            deploy.stop(base["config"])
+            lifecycle.stop(base["config"])
     finally:
         shutdown_embedded()
     print("capitals bf16 -> fp8:", scores)

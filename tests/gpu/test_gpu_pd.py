@@ -19,9 +19,9 @@ def gpu_deployment():
     import ray
 
     from cluster.config import parse_config
-    from cluster.control import deploy
-    from cluster.control.cli import shutdown_embedded
+    from cluster.control import lifecycle
     from cluster.control.runtime import connect
+    from cluster.deploy import shutdown_embedded
 
     connect(None, num_cpus=8, object_store_mib=512, namespace="saaf-gpu-test")
     cfg = parse_config({
@@ -32,9 +32,9 @@ def gpu_deployment():
         "serve": {"port": free_port()},
         "ray": {"namespace": "saaf-gpu-test"},
     })
-    info = deploy.start(cfg, ready_timeout_s=600)
+    info = lifecycle.start(cfg, ready_timeout_s=600)
     yield info, ray
-    deploy.stop(info["config"])
+    lifecycle.stop(info["config"])
     shutdown_embedded()
 
 

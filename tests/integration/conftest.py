@@ -24,7 +24,7 @@ def ray_session():
 
     connect(None, num_cpus=16, object_store_mib=256, namespace="saaf-test")
     yield ray
-    from cluster.control.cli import shutdown_embedded
+    from cluster.deploy import shutdown_embedded
 
     shutdown_embedded()
 
@@ -32,14 +32,14 @@ def ray_session():
 @pytest.fixture(scope="session")
 def deployment_started(ray_session):
     """The session's deployment, starting in a background thread: a real disaggregated deployment of 1 prefill
-    + 1 decode SmolLM2 engine behind the Serve endpoint. A future of deploy.start's result.
+    + 1 decode SmolLM2 engine behind the Serve endpoint. A future of lifecycle.start's result.
 
     NOTE: the parity module asks for it before it starts vLLM's own server, so that the two start-ups
     (mostly single-threaded imports) overlap on the box's two cores instead of running one after the other."""
     from concurrent.futures import ThreadPoolExecutor
 
     from cluster.config import parse_config
-    from cluster.control import deploy
+    from cluster.control import lifecycle
 
     cfg = parse_config({
         "name": "itest",
@@ -57,11 +57,11 @@ def deployment_started(ray_session):
         "worker_cpus": 1,
     })
     pool = ThreadPoolExecutor(1, thread_name_prefix="itest-deploy")
-    future = pool.submit(deploy.start, cfg, ready_timeout_s=600)
+    future = pool.submit(lifecycle.start, cfg, ready_timeout_s=600)
     yield future
-    pool.shutdown(wait=True)  # NOTE: bounded by deploy.start's own ready timeout
+    pool.shutdown(wait=True)  # NOTE: bounded by lifecycle.start's own ready timeout
     if future.exception() is None:
-        deploy.stop(future.result()["config"])
+        lifecycle.stop(future.result()["config"])
 
 
 @pytest.fixture(scope="session")
@@ -108,7 +108,7 @@ def workers(ray_session, deployment):
     """{worker_id: (role, handle)} of the deployment's pools."""
     import ray
 
-    from cluster.control.deploy import controller_name
+    from cluster.control.lifecycle import controller_name
 
     cfg = deployment["config"]
     ctl = ray.get_actor(controller_name(cfg), namespace=cfg.ray.namespace)

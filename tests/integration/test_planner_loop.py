@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def planned(ray_session):
     from cluster.config import parse_config
-    from cluster.control import deploy
+    from cluster.control import lifecycle
 
     cfg = parse_config({
         "name": "plan", "mode": "disaggregated",
@@ -41,9 +41,9 @@ def planned(ray_session):
         # NOTE: its own route prefix: Serve's proxy holds one app per prefix (the session's has "/")
         "serve": {"port": free_port(), "route_prefix": "/plan"}, "ray": {"namespace": "saaf-test"},
     })
-    info = deploy.start(cfg, ready_timeout_s=600)
+    info = lifecycle.start(cfg, ready_timeout_s=600)
     yield info
-    deploy.stop(info["config"])
+    lifecycle.stop(info["config"])
 
 
 def _planner(endpoint: str) -> dict:

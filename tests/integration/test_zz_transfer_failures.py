@@ -13,7 +13,7 @@ import psutil
 import pytest
 import ray
 
-from cluster.control.deploy import controller_name
+from cluster.control.lifecycle import controller_name
 from tests.helpers.engines import drain as _drain
 from tests.helpers.engines import generate, params, token_ids
 from tests.helpers.engines import text as out_text

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from cluster.config import ConfigError, load_config
-from cluster.control.deploy import check_resources, pool_sizes, resolve_device
+from cluster.control.lifecycle import check_resources, pool_sizes, resolve_device
 
 
 def _write(tmp_path, data) -> str:
@@ -86,7 +86,7 @@ def test_auto_device_follows_cluster():
 
 def test_fabric_check_runs_where_engines_can_sit_on_different_nodes() -> None:
     from cluster.config import parse_config
-    from cluster.control.deploy import wants_fabric_check
+    from cluster.control.lifecycle import wants_fabric_check
 
     one, two = [{"node_id": "a"}], [{"node_id": "a"}, {"node_id": "b"}]
     auto = parse_config({})
@@ -133,7 +133,7 @@ def test_the_planner_and_the_router_read_one_slo(tmp_path):
 def test_cpu_kv_caches_that_cannot_fit_the_nodes_memory_are_refused_before_start():
     """Issue 14: an engine that cannot start (KV cache larger than memory) is a clear error up front."""
     from cluster.config import parse_config
-    from cluster.control.deploy import check_cpu_memory
+    from cluster.control.lifecycle import check_cpu_memory
 
     cfg = parse_config({"engine": {"model": "tiny-llama", "kv_cache_mib": 4096}})
     sizes = {"prefill": 1, "decode": 1}

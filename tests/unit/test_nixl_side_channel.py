@@ -241,3 +241,36 @@ def test_our_connector_hardens_its_scheduler(monkeypatch: pytest.MonkeyPatch) ->
     assert sched._nixl_handshake_listener is guarded_handshake_listener
     assert NixlBaseConnectorScheduler._nixl_handshake_listener is VLLM_LISTENER  # vLLM's class untouched
     assert connector.NixlConnector(None).connector_scheduler is None
+
+
+def test_our_connector_counts_every_reader_of_one_prefill(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The n completions of one prompt pull one prefill's KV: the scheduler side passes each decode request's
+    `saaf_readers` to the workers in the connector metadata, and the worker side multiplies the consumer count
+    of every read's "done reading" notification by it (the prefill engine frees the blocks at that count)."""
+    from types import SimpleNamespace
+
+    from kvtransfer import connector
+    from kvtransfer.handoff import READERS
+
+    reads: list[tuple[str, int]] = []
+
+    def fake_init(self, worker: object, scheduler: object = None) -> None:
+        self.connector_worker, self.connector_scheduler = worker, scheduler
+        self._connector_metadata = None
+
+    monkeypatch.setattr(connector._VllmNixlConnector, "__init__", fake_init)
+    monkeypatch.setattr(connector._VllmNixlConnector, "build_connector_meta", lambda self, out: SimpleNamespace())
+    monkeypatch.setattr(connector._VllmNixlConnector, "start_load_kv", lambda self, ctx, **kw: None)
+    monkeypatch.setattr(connector.side_channel, "harden", lambda scheduler: None)  # NOTE: tested above
+    worker = SimpleNamespace(_read_blocks=lambda **kw: reads.append((kw["request_id"], kw["expected_consumers"])))
+    sched = SimpleNamespace(_reqs_need_recv={
+        "c1": (SimpleNamespace(kv_transfer_params={"do_remote_prefill": True, READERS: 4}), [], (), True),
+        "solo": (SimpleNamespace(kv_transfer_params={"do_remote_prefill": True}), [], (), True)})
+    meta = connector.NixlConnector(None, sched).build_connector_meta(None)
+    assert meta.saaf_readers == {"c1": 4}  # travels to the workers; a lone reader adds nothing
+    conn = connector.NixlConnector(worker)
+    conn._connector_metadata = meta
+    conn.start_load_kv(None)
+    conn.connector_worker._read_blocks(request_id="c1", expected_consumers=2)  # e.g. two prefill TP ranks
+    conn.connector_worker._read_blocks(request_id="solo", expected_consumers=1)
+    assert reads == [("c1", 8), ("solo", 1)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cluster.config import parse_config
-from cluster.control.deploy import check_resources
+from cluster.control.lifecycle import check_resources
 from placement.packing import first_fit, pack_nodes, unit_packing
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from cluster.config import ConfigError, DeployConfig, parse_config
 from cluster.control import placer
-from cluster.control.deploy import resolve_backends
+from cluster.control.lifecycle import resolve_backends
 from kvtransfer.config import backends_from_labels
 
 
