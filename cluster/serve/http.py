@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.errors import ServeError
-from cluster.serve import admit
+from cluster.serve import preflight
 from cluster.serve.auth import Auth
 from cluster.serve.engine_client import TASKS, PDEngineClient
 from cluster.serve.guard import Guard
@@ -66,7 +66,7 @@ async def build_app(client: PDEngineClient, args: Any, *, health: Callable[[], t
     app = FastAPI(title="Saaf Infer", version="0.1.0", **docs)
     app.state.args = args
     await init_app_state(client, app.state, args, supported_tasks=TASKS)
-    wrapped = admit.install(app.state, client.svc.cfg.slo, sc.max_completions_per_request)
+    wrapped = preflight.install(app.state, client.svc.cfg.slo, sc.max_completions_per_request)
     if "openai_serving_chat_batch.create_batch_chat_completion" not in wrapped:  # NOTE: never outside admission
         app.state.openai_serving_chat_batch = None
     # NOTE: vLLM's engine-error handler reads state.server (the uvicorn server its launcher sets).

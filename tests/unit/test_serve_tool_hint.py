@@ -8,7 +8,7 @@ import asyncio
 from vllm.entrypoints.serve.engine.protocol import ErrorInfo, ErrorResponse
 
 from cluster.config import SLOConfig
-from cluster.serve.admit import admit_streams_first, our_setting_named
+from cluster.serve.preflight import admit_streams_first, our_setting_named
 
 
 def _vllm_error(message: str) -> ErrorResponse:

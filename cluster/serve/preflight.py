@@ -1,4 +1,5 @@
-"""Admission before a stream starts, wrapped around vLLM's serving classes.
+"""What runs before vLLM's serving classes answer: the fan-out cap, the request's SLO context, and admission
+(the router's, cluster/router/admission.py) before a stream starts.
 
 vLLM's serving methods (create_chat_completion, create_completion, create_responses, create_messages)
 render the request, call `EngineClient.generate()` for each prompt, and for `stream: true` return an
