@@ -28,7 +28,7 @@ from benchmarks.router_sim import (
 )
 from cluster.config import RouterConfig, SLOConfig
 from cluster.router import RouteRequest, latency_from_config, make_policy
-from engine.stats import WorkerStats
+from engine.contract import WorkerStats
 from placement.latency import LatencyModel
 
 

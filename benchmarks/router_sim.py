@@ -19,7 +19,7 @@ import numpy as np
 
 from cluster.config import SLOConfig
 from cluster.router.policy import RouteRequest, make_policy
-from engine.stats import WorkerStats
+from engine.contract import WorkerStats
 from placement.config import LengthDist
 from placement.dispatch import InstanceView
 from placement.latency import LatencyModel

@@ -8,10 +8,14 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from engine.contract import DecodeQueued
 from engine.host import EngineError, EngineHost, delta_params
-from kvtransfer.handoff import DecodeQueued, KVHandoff, TransferTelemetry
+from kvtransfer.handoff import KVHandoff, TransferTelemetry
+
+if TYPE_CHECKING:
+    from engine.contract import DecodeEvent
 
 logger = logging.getLogger(__name__)
 POLL_S = 0.05  # how often a handoff's wait checks whether its KV pull started
@@ -42,7 +46,7 @@ class DecodeWorker(EngineHost):
 
     async def decode_stream(
         self, request_id: str, prompt_token_ids: list[int], params: Any, h: KVHandoff
-    ) -> AsyncIterator[TransferTelemetry | Any]:
+    ) -> AsyncIterator[DecodeEvent]:
         """The first item is this request's TransferTelemetry, then DELTA RequestOutputs for vLLM
         ``SamplingParams`` ``params`` (n=1; prompt logprobs come from the prefill leg)."""
         submitted = time.monotonic()

@@ -13,7 +13,7 @@ from typing import Any
 
 from engine.calibrate import own_requests
 from engine.config import EngineConfig
-from engine.stats import WorkerStats
+from engine.contract import WorkerStats
 
 logger = logging.getLogger(__name__)
 

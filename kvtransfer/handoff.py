@@ -65,15 +65,6 @@ class KVHandoff:
 
 
 @dataclass
-class DecodeQueued:
-    """Sent by the decode worker while a handoff waits in its engine's queue (before its KV pull starts), so
-    the ingress knows the request is alive there: queue time is not transfer time."""
-
-    request_id: str
-    waited_s: float
-
-
-@dataclass
 class TransferTelemetry:
     """What one request's KV transfer did, as seen by the decode worker."""
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
+from engine.contract import PrefillResult
 from engine.host import EngineError, EngineHost, delta_params
 from kvtransfer.config import backend_list
 from kvtransfer.handoff import KVHandoff
@@ -19,11 +20,6 @@ _REMOTE_DECODE = {
     "remote_host": None,
     "remote_port": None,
 }
-
-
-class PrefillResult(NamedTuple):
-    output: Any  # vLLM RequestOutput of the first token (prompt logprobs when asked)
-    handoff: KVHandoff
 
 
 class PrefillWorker(EngineHost):

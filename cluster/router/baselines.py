@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Sequence
 
 from cluster.router.policy import Policy, RouteDecision, RouteRequest, register
-from engine.stats import WorkerStats
+from engine.contract import WorkerStats
 
 
 def _load(s: WorkerStats) -> tuple[float, ...]:

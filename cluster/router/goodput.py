@@ -44,7 +44,7 @@ from cluster.router.goodput_state import _INF, WorkerState, _learn
 from cluster.router.latency import latency_from_config
 from cluster.router.local_prefill import Declined, LocalPrefill
 from cluster.router.policy import Corrections, Policy, RouteDecision, RouteRequest, register
-from engine.stats import WorkerStats
+from engine.contract import WorkerStats
 from placement.latency import LatencyModel, Terms
 
 TICKETS = 4096  # TTFT predictions kept for revision until their request is observed (oldest dropped first)

@@ -10,7 +10,7 @@ import logging
 import math
 from collections import deque
 
-from engine.stats import WorkerStats
+from engine.contract import WorkerStats
 from placement.latency import LatencyModel, Terms
 
 logger = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from cluster.router.policy import RouteRequest
-from engine.stats import WorkerStats
+from engine.contract import WorkerStats
 
 if TYPE_CHECKING:
     from cluster.router.goodput_state import WorkerState

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from engine.stats import WorkerStats
+from engine.contract import WorkerStats
 
 PREFIX_MIN = 64  # tokens: the shortest prefix the router tracks (`prefix_hash`, the first rung of the ladder)
 

@@ -14,30 +14,26 @@ the client's stream goes on. Every wait is bounded by the request's deadline (se
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 
-import ray
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
-
 from cluster.config import DeployConfig
-from cluster.errors import ServeError, unavailable
+from cluster.errors import unavailable
 from cluster.router.admission import Admission
 from cluster.router.policy import RouteDecision, RouteRequest
+from cluster.serve import workers
 from cluster.serve.membership import Membership
 from cluster.serve.metrics import Metrics
 from cluster.serve.traffic import TrafficLog
 from cluster.serve.transfers import TransferLog
-from kvtransfer.handoff import DecodeQueued, KVHandoff, TransferTelemetry
+from cluster.serve.workers import WorkerDied
+from kvtransfer.handoff import KVHandoff, TransferTelemetry
 
 logger = logging.getLogger(__name__)
-_DEAD = (RayActorError, ActorDiedError, ActorUnavailableError)
 MAX_ATTEMPTS = 4
-RELEASE_TIMEOUT_S = 10.0
 
 
 class Services(NamedTuple):
@@ -51,14 +47,6 @@ class Services(NamedTuple):
     traffic: TrafficLog | None = None  # for the planner loop (None when planner_loop.mode is off)
 
 
-class WorkerDied(Exception):
-    def __init__(self, worker: str, cause: BaseException) -> None:
-        super().__init__(worker)
-        self.worker, self.cause = worker, cause
-
-
-def _timeout(what: str, seconds: float) -> ServeError:
-    return ServeError(504, f"{what} exceeded {seconds:.0f}s; request aborted", type_="timeout", code="timeout")
 
 
 def first_token_carries(params: Any) -> bool:
@@ -136,7 +124,7 @@ class Leg:
         try:
             await asyncio.wait_for(lead.kv_ready.wait(), timeout=max(self._left(), 0.001))
         except TimeoutError:
-            raise _timeout("request", self.svc.cfg.serve.request_timeout_s) from None
+            raise workers.timed_out("request", self.svc.cfg.serve.request_timeout_s) from None
         if self._shared is not None:  # NOTE: the lead's prefill, pulled by this sibling itself
             return dec._replace(prefill=lead.decision.prefill if lead.decision else None, decode=self._shared,
                                 local=False, placement="remote:sibling")
@@ -242,7 +230,7 @@ class Leg:
             # NOTE: one engine runs it all: colocated mode, a local prefill on the decode worker the router
             # chose, or a single token (the prefill worker alone).
             wid = dec.prefill if self.svc.cfg.mode != "colocated" and not dec.local else dec.decode
-            gen = self._handle(wid).generate_stream.options(num_returns="streaming").remote(rid, ids, params)
+            gen = workers.generate(self._handle(wid), rid, ids, params)
             async for out in self._stream(gen, wid, sc.token_timeout_s):
                 yield out
             return
@@ -262,7 +250,7 @@ class Leg:
             first.num_cached_tokens = pre.handoff.cached_tokens
             yield first
             if first.finished:  # EOS or a stop token: nothing left for a decode engine
-                asyncio.ensure_future(_release(handle, handoff))
+                asyncio.ensure_future(workers.release(handle, handoff))
                 return
             dec_ids = ids + list(c.token_ids)
             dec_params = params.clone()
@@ -272,7 +260,7 @@ class Leg:
             first = None
         if self._closed:  # NOTE: the client hung up on the prefill's first token before the decode started:
             if not self._late_release:  # close() found nothing to stop, so the KV is released here
-                asyncio.ensure_future(_release(handle, handoff))
+                asyncio.ensure_future(workers.release(handle, handoff))
             return
         async for item in self._decode(dec.decode, handle, rid, dec_ids, dec_params, handoff, first, ids):
             yield item
@@ -286,12 +274,11 @@ class Leg:
         shared = dataclasses.replace(h, readers=1 + len(self.siblings))
         for s in self.siblings:
             if s._closed:  # NOTE: a reader that will never pull still notifies once, or the blocks wait for the lease
-                asyncio.ensure_future(_release(handle, shared))
+                asyncio.ensure_future(workers.release(handle, shared))
             else:  # NOTE: submitted here, in one burst with this leg's own, so the decode engine takes all
                 # the pulls in one step; each sibling's task streams its own
                 s._unpulled, s._shared = (handle, shared), worker
-                s._pulling = handle.decode_stream.options(num_returns="streaming").remote(
-                    s.request_id, s.ids, s.params, shared)
+                s._pulling = workers.decode(handle, s.request_id, s.ids, s.params, shared)
                 s._refs.add(s._pulling)
         self.kv_ready.set()  # NOTE: the siblings stop waiting; they pull this handoff themselves
         return shared
@@ -304,7 +291,7 @@ class Leg:
         sc = self.svc.cfg.serve
         self._unpulled = (handle, handoff)
         if gen is None:
-            gen = handle.decode_stream.options(num_returns="streaming").remote(rid, dec_ids, dec_params, handoff)
+            gen = workers.decode(handle, rid, dec_ids, dec_params, handoff)
         async for item in self._stream(gen, worker, self.svc.cfg.transfer.transfer_timeout_s + sc.token_timeout_s,
                                        first_timeout=True):
             if isinstance(item, TransferTelemetry):
@@ -324,19 +311,10 @@ class Leg:
 
     async def _prefill(self, worker: str | None, rid: str, ids: list[int], params: Any, decode: str | None,
                        sample_first: bool) -> Any:
-        ref = self._handle(worker).prefill.remote(rid, ids, params, sample_first)
+        ref = workers.prefill(self._handle(worker), rid, ids, params, sample_first)
         # NOTE: until the result is here, close() cancels the task and releases a handoff that raced it.
         self._prefilling = (ref, decode)
-        left = self._left()
-        try:
-            result = await asyncio.wait_for(ref, timeout=max(left, 0.001))
-        except _DEAD as e:
-            raise WorkerDied(str(worker), e) from None
-        except TimeoutError:
-            raise _timeout("prefill", self.svc.cfg.serve.request_timeout_s) from None
-        except RayTaskError as e:
-            raise ServeError(502, f"prefill failed on {worker}: {getattr(e, 'cause', e)}", type_="engine_error",
-                             code="engine_error") from None
+        result = await workers.prefill_result(ref, worker, self._left(), self.svc.cfg.serve.request_timeout_s)
         self._prefilling = None
         return result
 
@@ -345,40 +323,17 @@ class Leg:
         """Items of a streaming actor call, each within `timeout` (the first within `timeout` too, then
         serve.token_timeout_s when `first_timeout`) and all within the deadline."""
         if self._closed:  # NOTE: started after close() (the client is gone): stopped at once
-            with contextlib.suppress(Exception):
-                ray.cancel(gen)
+            workers.cancel(gen)
             return
         self._refs.add(gen)
-        token_timeout = self.svc.cfg.serve.token_timeout_s
+        sc = self.svc.cfg.serve
         try:
-            while True:
-                left = self._left()
-                if left <= 0:
-                    raise _timeout("request", self.svc.cfg.serve.request_timeout_s)
-                try:
-                    ref = await asyncio.wait_for(gen.__anext__(), timeout=min(timeout, left))
-                    item = await ref
-                except StopAsyncIteration:
-                    return
-                except TimeoutError:
-                    if left <= timeout:
-                        raise _timeout("request", self.svc.cfg.serve.request_timeout_s) from None
-                    raise ServeError(504, f"no token from {worker} for {timeout:.0f}s; request aborted",
-                                     type_="timeout", code="timeout") from None
-                except _DEAD as e:
-                    raise WorkerDied(str(worker), e) from None
-                except RayTaskError as e:
-                    raise ServeError(502, f"{worker} failed: {getattr(e, 'cause', e)}", type_="engine_error",
-                                     code="kv_transfer_error" if first_timeout else "engine_error") from None
-                if isinstance(item, DecodeQueued):  # NOTE: still queued on the decode engine, alive: the
-                    continue  # wait for its first token starts again, with the same timeout
-                if first_timeout:
-                    timeout = token_timeout
+            async for item in workers.events(gen, worker, timeout, self._left, sc.request_timeout_s,
+                                             sc.token_timeout_s, first_timeout):
                 yield item
         finally:
             self._refs.discard(gen)
-            with contextlib.suppress(Exception):
-                ray.cancel(gen)
+            workers.cancel(gen)
 
     def _kv_landed(self, worker: str | None) -> None:
         if not self.kv_ready.is_set():
@@ -393,36 +348,18 @@ class Leg:
         if self._admitting is not None and not self._admitting.done():
             self._admitting.cancel()
         for ref in list(self._refs):
-            with contextlib.suppress(Exception):
-                ray.cancel(ref)
+            workers.cancel(ref)
         self._refs.clear()
         if self._prefilling is not None:
             ref, decode = self._prefilling
             self._prefilling = None
-            with contextlib.suppress(Exception):
-                ray.cancel(ref)
+            workers.cancel(ref)
             handle = self.svc.members.handle(decode) if decode else None
             if handle is not None:
                 self._late_release = True
-                asyncio.ensure_future(_release_late(ref, handle))
+                asyncio.ensure_future(workers.release_late(ref, handle))
         if self._unpulled is not None:
             handle, handoff = self._unpulled
             self._unpulled = None
-            asyncio.ensure_future(_release(handle, handoff))
+            asyncio.ensure_future(workers.release(handle, handoff))
 
-
-async def _release_late(ref: Any, handle: Any) -> None:
-    """A cancelled prefill that finished anyway has pinned its KV for a decode that will never come."""
-    try:
-        result = await asyncio.wait_for(ref, timeout=RELEASE_TIMEOUT_S)
-    except Exception:  # noqa: BLE001 - cancelled in time (the engine aborted it), or the worker is gone
-        return
-    await _release(handle, result.handoff)
-
-
-async def _release(handle: Any, handoff: KVHandoff) -> None:
-    try:
-        await asyncio.wait_for(handle.release.remote(handoff), timeout=RELEASE_TIMEOUT_S)
-    except Exception as e:  # noqa: BLE001 - the lease frees the blocks anyway (kv_lease_s)
-        logger.info("release of %s's KV on %s failed (%s); its lease frees it", handoff.request_id,
-                    handoff.prefill_worker, e)

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from cluster.router.policy import Pools
-from engine.stats import WorkerStats
+from cluster.serve import workers
+from engine.contract import WorkerStats
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class Membership:
 
     async def refresh_stats(self) -> None:
         ids = list(self.handles)
-        refs = [self.handles[w].stats.remote() for w in ids]
+        refs = [workers.stats(self.handles[w]) for w in ids]
         timeout = max(1.0, 10 * self.interval_s)
         results = await asyncio.gather(*(asyncio.wait_for(r, timeout=timeout) for r in refs),
                                        return_exceptions=True)

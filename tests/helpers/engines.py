@@ -18,7 +18,7 @@ def params(max_tokens: int, **kw: Any) -> Any:
 
 def drain(gen: Any, timeout: float = 120) -> list[Any]:
     """Every item of a streaming actor call but a decode worker's DecodeQueued beats (first: telemetry)."""
-    from kvtransfer.handoff import DecodeQueued
+    from engine.contract import DecodeQueued
 
     return [x for x in (ray.get(ref, timeout=timeout) for ref in gen) if not isinstance(x, DecodeQueued)]
 

@@ -65,7 +65,8 @@ def test_time_queued_on_the_decode_engine_is_not_transfer_time(failtest_decode, 
     """Issue 14: the transfer timeout runs from when the decode engine starts the pull (our connector
     reports it), not from when the handoff joined its queue. A handoff queued behind a long stream for longer
     than the timeout is pulled, not failed (policy fail here) or recomputed; the ingress hears it is queued."""
-    from kvtransfer.handoff import DecodeQueued, TransferTelemetry
+    from engine.contract import DecodeQueued
+    from kvtransfer.handoff import TransferTelemetry
 
     d2 = failtest_decode
     _, p = _role(workers, "prefill")

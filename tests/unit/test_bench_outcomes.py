@@ -97,7 +97,7 @@ def test_prediction_summary_reports_the_per_request_log_error_mean_and_spread() 
 def test_prediction_summary_keeps_where_each_prompt_was_prefilled() -> None:
     from benchmarks.compare.server_stats import prediction_summary
     from cluster.router import RouteRequest, make_policy
-    from engine.stats import WorkerStats
+    from engine.contract import WorkerStats
 
     p = make_policy("goodput", disaggregation="auto")
     now = time.time()

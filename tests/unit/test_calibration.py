@@ -12,8 +12,8 @@ from cluster.config import RouterConfig, SLOConfig
 from cluster.control.calibration import calibrate, calibrations
 from cluster.router import RouteRequest, make_policy
 from engine import calibrate as sampler
+from engine.contract import WorkerStats
 from engine.procs import ForeignCores, cpu_seconds, tree
-from engine.stats import WorkerStats
 from placement.profile_fit import fit_coefficients
 
 TRUE = dict(prefill_a=2.5, prefill_b=0.0004, prefill_c=60.0, decode_a=0.01, decode_b=4.0, decode_c=50.0)

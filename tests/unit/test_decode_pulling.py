@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 from cluster.router import RouteRequest
 from decode import worker as dw
+from engine.contract import WorkerStats
 from engine.statlog import EngineTotals
-from engine.stats import WorkerStats
 from kvtransfer.handoff import KVHandoff
 from tests.unit.test_router_disaggregation import policy, prefill
 

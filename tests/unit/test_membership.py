@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from cluster.serve.membership import Membership
-from engine.stats import WorkerStats
+from engine.contract import WorkerStats
 
 
 def _stats(wid: str, role: str) -> WorkerStats:

@@ -222,7 +222,7 @@ def test_the_live_loop_plans_a_speculating_pool_at_its_measured_acceptance() -> 
     model is LatencyModel.with_speculation at their mean (faster per output token), as the router's is."""
     from cluster.config import parse_config
     from cluster.control.pools import PoolController
-    from engine.stats import WorkerStats
+    from engine.contract import WorkerStats
 
     cfg = parse_config({"name": "t", "mode": "disaggregated", "engine": {"model": "smollm2"},
                         "pool_engines": {"decode": {"speculative": {"num_speculative_tokens": 3}}},

@@ -13,7 +13,7 @@ from cluster.errors import ServeError as APIError
 from cluster.router import RouteRequest, make_policy
 from cluster.router.admission import Admission
 from cluster.serve.membership import Membership
-from engine.stats import WorkerStats
+from engine.contract import WorkerStats
 
 HOPELESS = RouteRequest(prompt_tokens=500, max_tokens=32, ttft_slo_s=1.0, tpot_slo_s=0.2)
 

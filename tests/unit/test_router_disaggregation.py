@@ -13,7 +13,7 @@ from cluster.config import DeployConfig, RouterConfig, SLOConfig
 from cluster.router import RouteRequest, make_policy
 from cluster.router.admission import Admission
 from cluster.serve.membership import Membership
-from engine.stats import WorkerStats
+from engine.contract import WorkerStats
 
 
 def policy(mode: str):

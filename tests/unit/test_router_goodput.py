@@ -7,7 +7,7 @@ import pytest
 from cluster.router import RouteRequest, latency_from_config
 from cluster.router.goodput import GoodputPolicy
 from cluster.router.policy import prefix_ladder
-from engine.stats import WorkerStats
+from engine.contract import WorkerStats
 from placement.latency import LatencyModel
 
 LAT = latency_from_config(None)  # the bundled CPU SmolLM2 profile: prefill ~1.55 ms/token + 72 ms

@@ -10,7 +10,7 @@ from cluster.config import ConfigError, RouterConfig, SLOConfig, parse_config
 from cluster.router import DEFAULT_PROFILE, RouteRequest, latency_from_config, make_policy
 from cluster.router.baselines import least_loaded
 from cluster.router.goodput import GoodputPolicy
-from engine.stats import WorkerStats
+from engine.contract import WorkerStats
 
 
 def test_make_policy_by_name_and_backwards_compatible_call() -> None:

@@ -89,7 +89,7 @@ def test_close_between_the_first_token_and_the_decode_starts_nothing_and_release
 
 def test_close_while_the_prefill_runs_releases_its_late_kv_once_and_starts_no_decode(monkeypatch) -> None:
     cancelled: list[Any] = []
-    monkeypatch.setattr("cluster.serve.leg.ray.cancel", cancelled.append)  # NOTE: no Ray here
+    monkeypatch.setattr("ray.cancel", cancelled.append)  # NOTE: no Ray here
 
     async def run() -> tuple[_Worker, Any]:
         fut = asyncio.get_running_loop().create_future()

@@ -1,8 +1,43 @@
-"""What a worker tells the router about itself: cheap to compute, msgpack/pickle friendly."""
+"""The worker contract: every value a worker hands the ingress across the Ray boundary, typed in one place.
+
+    prefill()          -> PrefillResult: the first token's RequestOutput and the KVHandoff of the prompt's KV
+    decode_stream()    -> DecodeEvent items: DecodeQueued beats while the handoff waits in the decode engine's
+                          queue, then one TransferTelemetry, then the RequestOutputs (tokens)
+    generate_stream()  -> RequestOutputs (one engine runs the whole request)
+    stats()            -> WorkerStats, what the router reads (cheap to compute, msgpack/pickle friendly)
+
+The KV handoff and the transfer telemetry are the transfer's own types (kvtransfer/handoff.py).
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+from kvtransfer.handoff import KVHandoff, TransferTelemetry
+
+if TYPE_CHECKING:  # NOTE: the router reads WorkerStats without importing vLLM
+    from typing import TypeAlias
+
+    from vllm.outputs import RequestOutput
+
+
+class PrefillResult(NamedTuple):
+    output: RequestOutput  # the first token (prompt logprobs when asked)
+    handoff: KVHandoff
+
+
+@dataclass
+class DecodeQueued:
+    """Sent by the decode worker while a handoff waits in its engine's queue (before its KV pull starts), so
+    the ingress knows the request is alive there: queue time is not transfer time."""
+
+    request_id: str
+    waited_s: float
+
+
+if TYPE_CHECKING:
+    DecodeEvent: TypeAlias = DecodeQueued | TransferTelemetry | RequestOutput  # what decode_stream() yields
 
 
 class WorkerStats(NamedTuple):
