@@ -112,7 +112,8 @@ def test_every_listener_is_on_loopback_or_refuses_callers_without_the_ray_token(
 
 def test_n_completions_are_prefilled_once_and_each_pulls_the_kv(endpoint, model_name, workers):
     """n = 4 (seeded), a block-aligned 256-token prompt: one prefill for the request, not four; each completion
-    pulls that prefill's KV (4 transfers of 256 tokens) and computes no prompt block again (the decode engine
+    pulls that prefill's KV (4 transfers; a reader whose first block is already in the decode engine's prefix
+    cache pulls the rest) and computes no prompt block again (the decode engine
     computes at most one prompt token per completion: the last, to sample its own first token); the prefill
     engine frees the blocks once the last reader has read them (no read after they were freed, nothing left
     held); completion i equals the lone request with seed + i, as vLLM seeds its children."""
@@ -142,7 +143,9 @@ def test_n_completions_are_prefilled_once_and_each_pulls_the_kv(endpoint, model_
     after = counts()
     delta = {k: after[k] - before[k] for k in after}
     assert delta["prefills"] == 1 and delta["transfers"] == 4 and delta["recomputes"] == 0, delta
-    assert delta["external"] == 4 * 256 and delta["computed"] <= 4, delta
+    # NOTE: a reader the decode engine schedules after an earlier one's pull landed finds the first block in
+    # its prefix cache and pulls only the rest; either way no reader computes a prompt block itself
+    assert 256 + 3 * 128 <= delta["external"] <= 4 * 256 and delta["computed"] <= 4, delta
     deadline = time.monotonic() + 20  # NOTE: well inside the KV lease: the readers' notifications freed them
     while any(ray.get(h.stats.remote(), timeout=30).kv_usage for h in prefill) and time.monotonic() < deadline:
         time.sleep(0.2)
