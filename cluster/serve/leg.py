@@ -47,8 +47,6 @@ class Services(NamedTuple):
     traffic: TrafficLog | None = None  # for the planner loop (None when planner_loop.mode is off)
 
 
-
-
 def first_token_carries(params: Any) -> bool:
     """Can the prefill engine's first token be the client's, with decoding continuing from prompt + token?
 

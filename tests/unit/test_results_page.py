@@ -4,6 +4,8 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from benchmarks import results_page
 from benchmarks.results_page import NO_PROVENANCE, RESULTS, Provenance, provenance, render, rows
 
@@ -37,28 +39,13 @@ def test_started_at_used_when_not_finished() -> None:
     assert provenance(obj) == Provenance(WHEN, COMMIT, False, None, "c")
 
 
-def test_nested_provenance_shape() -> None:
-    obj = {
-        "provenance": {
-            "date": "2026-12-01T15:27:02+00:00",
-            "git_commit": COMMIT,
-            "cpu": "Xeon",
-            "command": "v",
-        },
-        "rows": [],
-    }
+@pytest.mark.parametrize("obj", [
+    {"provenance": {"date": "2026-12-01T15:27:02+00:00", "git_commit": COMMIT, "cpu": "Xeon", "command": "v"},
+     "rows": []},
+    {"date": "2026-12-01T15:27:02+00:00", "git_commit": COMMIT, "cpu": "Xeon", "command": "v", "rows": []},
+], ids=["nested-provenance", "top-level-date-commit"])
+def test_date_commit_cpu_command_shapes(obj: dict) -> None:
     assert provenance(obj) == Provenance(WHEN, COMMIT, False, "Xeon", "v")
-
-
-def test_top_level_date_commit_shape() -> None:
-    obj = {
-        "date": "2026-12-01T15:27:02+00:00",
-        "git_commit": COMMIT,
-        "cpu": "Xeon",
-        "command": "p",
-        "rows": [],
-    }
-    assert provenance(obj) == Provenance(WHEN, COMMIT, False, "Xeon", "p")
 
 
 def test_meta_shape_gives_its_date() -> None:
