@@ -10,7 +10,7 @@ routing, engine optimisations). Modules, one job each:
 generic (a later benchmark composes these)
   variant        Variant(name, overrides): a deploy config = a shared base + what the variant changes
   traffic        Traffic (workload, bounds, seed) and Step(key, rate, traffic): the same requests for all
-  deployment     InProcessDeployment / SubprocessDeployment: start one variant, wait ready, stop cleanly
+  deployment     InProcessDeployment: start one variant, wait ready, stop cleanly
   runner         run_variant (deploy, quality, probe, replay steps, per-variant report, stop), run_in_turn
   step           measure_step / replay_steps: one run_benchmark step with CPU and server sampling, retries
   options        RunOptions: SLO, timeouts, cost, affinity, probe, quality, output dir, progress lines
@@ -48,82 +48,3 @@ rebuilds the report from it), and ``colocated/``, ``disaggregated/`` (the plain 
 with every per-request record). Exit status: 0; 1 when greedy outputs differ between any two sources (a bug);
 2 bad arguments; 3 a deployment or benchmark failed.
 """
-
-from __future__ import annotations
-
-from benchmarks.compare.affinity import check_affinity, process_affinity, reset_affinity
-from benchmarks.compare.analysis import findings, foreign_load, side_by_side, slo_sweep
-from benchmarks.compare.assemble import assemble, load_raw
-from benchmarks.compare.cli import build_parser, check_args, main, make_workload, write_outputs
-from benchmarks.compare.deployment import (
-    Deployed,
-    Deployment,
-    InProcessDeployment,
-    SubprocessDeployment,
-    embedded_ray,
-)
-from benchmarks.compare.fmt import fmt_key, fmt_ms, fmt_pct, fmt_ratio, fmt_rel, md_table
-from benchmarks.compare.markdown import to_markdown
-from benchmarks.compare.metrics import metrics_of, ratio, slo_capacity
-from benchmarks.compare.options import RunOptions
-from benchmarks.compare.planner import (
-    PLANNER_KEYS,
-    planner_rows,
-    planner_table,
-    predict_config,
-    predict_steps,
-    prediction_error,
-    sim_summary,
-)
-from benchmarks.compare.plots import plot_rates
-from benchmarks.compare.probe import idle_probe
-from benchmarks.compare.procstat import classify_process, cpu_breakdown, cpu_snapshot, foreign_now
-from benchmarks.compare.provenance import (
-    Provenance,
-    git_commit,
-    header_lines,
-    machine_info,
-    parse_cpu_model,
-    parse_mem_total_gib,
-)
-from benchmarks.compare.quality_check import (
-    TokenIdsOnly,
-    endpoint_outputs,
-    offline_outputs,
-    quality_comparisons,
-    quality_section,
-    quality_summary,
-    quality_table,
-)
-from benchmarks.compare.quiet import FOREIGN_LIMIT, QuietBudget, wait_quiet
-from benchmarks.compare.runner import InTurn, run_in_turn, run_variant
-from benchmarks.compare.server_stats import (
-    StatsSampler,
-    metric_means,
-    parse_metrics,
-    transfer_summary,
-    worker_load,
-)
-from benchmarks.compare.shapes import MODES, QUALITY_SOURCES, SHORT, deploy_config, shape_variant
-from benchmarks.compare.step import Attempt, Replayed, measure_step, replay_steps
-from benchmarks.compare.tables import goodput_table, latency_table, resources_table, sweep_table
-from benchmarks.compare.traffic import Step, Traffic, parse_rates, rate_steps, request_stats
-from benchmarks.compare.variant import Variant, merge, parse_overrides
-from benchmarks.compare.writer import json_safe, write_raw, write_report_files
-
-__all__ = [
-    "FOREIGN_LIMIT", "MODES", "PLANNER_KEYS", "QUALITY_SOURCES", "SHORT", "Attempt", "Deployed", "Deployment",
-    "InProcessDeployment", "InTurn", "Provenance", "QuietBudget", "Replayed", "RunOptions", "StatsSampler", "Step",
-    "SubprocessDeployment", "TokenIdsOnly", "Traffic", "Variant", "assemble", "build_parser", "check_affinity",
-    "check_args", "classify_process", "cpu_breakdown", "cpu_snapshot", "deploy_config", "embedded_ray",
-    "endpoint_outputs", "findings", "fmt_key", "fmt_ms", "fmt_pct", "fmt_ratio", "fmt_rel", "foreign_load",
-    "foreign_now", "git_commit", "goodput_table", "header_lines", "idle_probe", "json_safe", "latency_table", "load_raw",
-    "machine_info", "main", "make_workload", "md_table", "measure_step", "merge", "metric_means", "metrics_of",
-    "offline_outputs", "parse_cpu_model", "parse_mem_total_gib", "parse_metrics", "parse_overrides",
-    "parse_rates", "planner_rows", "planner_table", "plot_rates", "predict_config", "predict_steps",
-    "prediction_error", "process_affinity", "quality_comparisons", "quality_section", "quality_summary",
-    "quality_table", "rate_steps", "ratio", "replay_steps", "request_stats", "reset_affinity", "resources_table",
-    "run_in_turn", "run_variant", "shape_variant", "side_by_side", "sim_summary", "slo_capacity", "slo_sweep",
-    "sweep_table", "to_markdown", "transfer_summary", "wait_quiet", "worker_load", "write_outputs", "write_raw",
-    "write_report_files",
-]
