@@ -147,8 +147,8 @@ class RouterConfig(BaseModel):
                             "decoding there; always = a prefill worker; never = the decode worker")
     calibrate: bool = Field(
         True, description="goodput with the bundled profile: fit the latency model on the serving machine, in "
-                          "the background once the endpoint is ready (cached per CPU/GPU model: "
-                          "~/.cache/saaf-infer/profiles)")
+                          "the background once the endpoint is ready and idle, never delaying a request (cached "
+                          "per machine, model files and engine settings: ~/.cache/saaf-infer/profiles)")
 
     def calibrates(self) -> bool:
         """Live calibration applies: goodput routing with no latency model the user chose."""

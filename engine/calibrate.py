@@ -160,15 +160,38 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_key(model_name: str, dtype: str, threads: int, device: str) -> str:
-    """One cache entry per CPU (or GPU) model, model, dtype, threads and vLLM version."""
+def machine_key(model_name: str, dtype: str, threads: int, device: str, engine: str = "") -> str:
+    """One cache entry per CPU (or GPU) model, model, dtype, threads, vLLM version and `engine`
+    (engine_fingerprint: the engine settings and model files that change step times)."""
     import re
 
     import vllm
 
     hw = cpu_model() if device == "cpu" else _gpu_name()
     raw = f"{model_name}-{dtype}-t{threads}-{device}-{hw}-vllm{vllm.__version__}"
-    return re.sub(r"[^A-Za-z0-9.]+", "-", raw).strip("-").lower()[:160]
+    return re.sub(r"[^A-Za-z0-9.]+", "-", raw).strip("-").lower()[:140] + (f"-{engine}" if engine else "")
+
+
+def engine_fingerprint(vllm_config: Any) -> str:
+    """12 hex digits over what makes one engine's steps slower or faster than another's on the same
+    machine: step budget, chunked prefill, batch and context limits, block size, KV dtype, eager mode,
+    speculation, and the model files (config.json's bytes, each weight file's name and size)."""
+    import hashlib
+    from pathlib import Path
+
+    sc, cc, mc = vllm_config.scheduler_config, vllm_config.cache_config, vllm_config.model_config
+    spec = getattr(vllm_config, "speculative_config", None)
+    parts = [sc.max_num_batched_tokens, sc.enable_chunked_prefill, sc.max_num_seqs, cc.block_size, cc.cache_dtype,
+             mc.max_model_len, mc.enforce_eager, getattr(spec, "method", None), getattr(spec, "num_speculative_tokens", None)]
+    h = hashlib.sha256(repr(parts).encode())
+    root = Path(str(mc.model))
+    files = sorted(root.iterdir()) if root.is_dir() else [root] if root.is_file() else []
+    for f in files:
+        if f.name == "config.json":
+            h.update(f.read_bytes())
+        elif f.suffix in (".safetensors", ".bin", ".gguf", ".pt"):
+            h.update(f"{f.name}:{f.stat().st_size}".encode())
+    return h.hexdigest()[:12]
 
 
 def _gpu_name() -> str:
@@ -178,9 +201,13 @@ def _gpu_name() -> str:
 
 
 def cache_path(key: str) -> Any:
+    """$SAAF_PROFILE_DIR/KEY.json, by default <cache dir>/profiles/ (engine/checkpoints.py cache_dir)."""
+    import os
+    from pathlib import Path
+
     from engine.checkpoints import cache_dir
 
-    return cache_dir() / "profiles" / f"{key}.json"
+    return Path(os.environ.get("SAAF_PROFILE_DIR") or cache_dir() / "profiles") / f"{key}.json"
 
 
 def load_cached(key: str) -> Samples | None:

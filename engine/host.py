@@ -11,7 +11,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from engine.calibrate import own_requests
+from engine.calibrate import REQUEST_PREFIX, own_requests
 from engine.config import EngineConfig
 from engine.contract import WorkerStats
 
@@ -159,23 +159,29 @@ class EngineHost:
 
     def stats(self) -> WorkerStats:
         t = self.totals
+        calibrating = own_requests(self)
+        pending = {r: n for r, n in self._pending.items() if not r.startswith(REQUEST_PREFIX)}
+        running_ctx = {r: n for r, n in self._running_ctx.items() if not r.startswith(REQUEST_PREFIX)}
+        # NOTE: a measurement's requests are not load: it gives way to the first serving request that
+        # reaches the engine, so a router that counted them would queue (or refuse) the very request the
+        # measurement is waiting to yield to. While it runs, our own ledger is the serving load.
         return WorkerStats(
             worker_id=self.worker_id,
             role=self.role,
             node_id=self.node_id,
-            waiting=max(t.waiting, len(self._pending)),
-            running=max(t.running, len(self._running_ctx)),
-            queued_prompt_tokens=sum(self._pending.values()),
+            waiting=len(pending) if calibrating else max(t.waiting, len(pending)),
+            running=len(running_ctx) if calibrating else max(t.running, len(running_ctx)),
+            queued_prompt_tokens=sum(pending.values()),
             pulling=len(self._pulling),
             pulling_tokens=sum(self._pulling.values()),
-            running_context_tokens=sum(self._running_ctx.values()),
+            running_context_tokens=sum(running_ctx.values()),
             kv_usage=t.kv_usage,
             kv_capacity_tokens=self.num_gpu_blocks * self.block_size,
-            recent_step_times_s=t.recent_steps(),
+            recent_step_times_s=() if calibrating else t.recent_steps(),
             healthy=not self.engine.errored,
             timestamp_s=time.time(),
             spec_acceptance=round(t.spec_accepted / t.spec_drafted, 4) if t.spec_drafted else None,
-            calibrating=own_requests(self),
+            calibrating=calibrating,
             step_tokens=self.engine.vllm_config.scheduler_config.max_num_batched_tokens or 0,
             spec_drafted=t.spec_drafted,
             spec_accepted=t.spec_accepted,
@@ -198,7 +204,7 @@ class EngineHost:
         key = calibrate.machine_key(self.model_name + (f"-{quant}" if quant else ""),
                                     str(vc.model_config.dtype).removeprefix("torch."),
                                     self.cfg.cpu_threads if self.device == "cpu" else vc.parallel_config.tensor_parallel_size,
-                                    self.device)
+                                    self.device, calibrate.engine_fingerprint(vc))
         if cached:
             hit = calibrate.load_cached(key)
             return None if hit is None else (hit, "cache", key)

@@ -1,17 +1,20 @@
 """The router's latency model, fitted on the machine that serves.
 
-Once an ingress replica serves, the PoolController asks one prefill (or colocated) worker and one decode
-worker for calibration samples: first from their nodes' caches (~/.cache/saaf-infer/profiles, one file per
-CPU model, model, dtype, threads and vLLM version), published at once if both have one; then measured on
-their own engines (engine/calibrate.py), published again and cached. The controller fits DistServe's form
-(placement.profile_fit); every ingress replica picks each version up with its membership refresh and swaps
-its policy's latency model, whose online corrections (EWMA of observed/predicted) then start from a model
-that fits the hardware. Until then the bundled profile serves, so readiness never waits for this.
+Once an ingress replica serves and no request is in flight, the PoolController asks one prefill (or
+colocated) worker and one decode worker for calibration samples: first from their nodes' caches
+(~/.cache/saaf-infer/profiles, one file per CPU or GPU model, model files, engine settings, dtype, threads
+and vLLM version), used as they are if both have one (a restart on the same machine measures nothing);
+else measured on their own engines (engine/calibrate.py), published and cached. The controller fits
+DistServe's form (placement.profile_fit); every ingress replica picks each version up with its membership
+refresh and swaps its policy's latency model, whose online corrections (EWMA of observed/predicted) then
+start from a model that fits the hardware. Until then the bundled profile serves, so readiness never waits
+for this, and a request never waits for it either: a measurement's own requests do not count as load in
+the workers' stats, and it gives way to the first serving request that reaches its engine.
 
 A measurement that serving traffic or another process's load overlapped is too slow, and a model fitted on
 it would refuse requests the engines can serve (a refused request teaches the online corrections nothing):
 it is never published. The controller tries again (often at first, then every RETRY_EVERY_S, until one is
-clean) and meanwhile keeps what serves (the cache or the bundled profile, corrected online).
+clean) and meanwhile keeps what serves (the bundled profile, corrected online).
 """
 
 from __future__ import annotations
@@ -69,13 +72,15 @@ async def calibrate(prefill: Any, decode: Any | None, cached: bool = False) -> C
 
 async def calibrations(prefill: Any, decode: Any | None, publish: Any, delays_s: tuple[float, ...] = RETRY_DELAYS_S,
                        every_s: float = RETRY_EVERY_S, tries: int | None = None) -> Calibration | None:
-    """The cached model at once (if the nodes have one), then a fresh measurement on these engines: a cache
-    written before an upgrade of the box never outlives one start. A measurement that load overlapped is
-    tried again after each of `delays_s`, then every `every_s` (`tries` in all; None: until one is clean;
-    a try on a busy worker costs it a second of looking, not a measurement). Returns what it published last."""
+    """The cached model if the nodes have one (the key covers the machine, the engine settings, the model
+    files and vLLM's version, so what it fits is what serves); else a measurement on these engines. A
+    measurement that load overlapped is tried again after each of `delays_s`, then every `every_s` (`tries`
+    in all; None: until one is clean; a try on a busy worker costs it a second of looking, not a
+    measurement). Returns what it published last."""
     early = await calibrate(prefill, decode, cached=True)
     if early is not None:
         publish(early)
+        return early
     n = 0
     while tries is None or n < tries:
         cal = await calibrate(prefill, decode)
@@ -87,6 +92,6 @@ async def calibrations(prefill: Any, decode: Any | None, publish: Any, delays_s:
         if n in (1, len(delays_s) + 1):
             logger.warning("no clean calibration after %d tries (traffic or other load overlapped each); the router "
                            "keeps its %s latency model and online corrections; next try in %.0f s", n,
-                           "cached" if early is not None else "bundled", wait)
+                           "bundled", wait)
         await asyncio.sleep(wait)
     return early

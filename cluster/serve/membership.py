@@ -45,6 +45,7 @@ class Membership:
         self.calibration: Any = None  # the controller's Calibration (or its failure text) once published
         self._calibration_version = 0
         self.calibration_final = False
+        self._calibration_asked = False
         self.handles: dict[str, Any] = {}
         self.roles: dict[str, str] = {}
         self.stats: dict[str, WorkerStats] = {}
@@ -91,6 +92,12 @@ class Membership:
         """Ask the controller to calibrate (idempotent) until its final result; hand on each new version."""
         if self._on_calibration is None or self.calibration_final or not self.ready():
             return
+        if not self._calibration_asked:
+            # NOTE: a measurement starts only while nothing is in flight (the deploy's own first answer
+            # included): one that starts under a request only gives way to it and is tried again later.
+            if self._busy() or any(s.waiting or s.running for s in self.stats.values()):
+                return
+            self._calibration_asked = True
         await asyncio.wait_for(self.controller.calibrate.remote(), timeout=MEMBERS_TIMEOUT_S)
         version, cal, final = await asyncio.wait_for(self.controller.calibration.remote(),
                                                      timeout=MEMBERS_TIMEOUT_S)

@@ -65,16 +65,17 @@ def test_colocated_calibration_asks_its_one_worker_once() -> None:
     assert h.calls == [False] and cal.prefill_r2 > 0.999 and cal.coefficients.decode_b == pytest.approx(4.0, rel=1e-3)
 
 
-def test_a_cached_model_comes_first_and_a_fresh_measurement_replaces_it() -> None:
+def test_a_cached_model_is_used_as_it_is_and_nothing_is_measured() -> None:
+    """A restart on the same machine (same key: hardware, engine settings, model files, vLLM) reuses the
+    cache and puts no measurement on the engines."""
     old = sampler.Samples([(n, n * n, 3 * ms) for n, _, ms in synthetic().prefill],
                           [(b, c, 3 * ms) for b, c, ms in synthetic().decode], 1.0)
     published = []
     p, d = Handle(synthetic(), cache=old), Handle(synthetic(), cache=old)
     asyncio.run(calibrations(p, d, published.append))
-    assert [c.source for c in published] == ["prefill cache, decode cache",
-                                             "prefill measured on w, decode measured on w"]
+    assert [c.source for c in published] == ["prefill cache, decode cache"]
     assert published[0].coefficients.prefill_a == pytest.approx(3 * TRUE["prefill_a"], rel=1e-3)
-    assert published[1].coefficients.prefill_a == pytest.approx(TRUE["prefill_a"], rel=1e-3)
+    assert p.calls == [True] and d.calls == [True]
     published.clear()
     asyncio.run(calibrations(Handle(synthetic()), Handle(synthetic()), published.append))  # no cache yet
     assert len(published) == 1 and "measured" in published[0].source
@@ -90,11 +91,6 @@ def test_a_measurement_under_load_is_never_published_and_is_tried_again() -> Non
     assert published == [cal] and cal.coefficients.prefill_a == pytest.approx(TRUE["prefill_a"], rel=1e-3)
     # prefill unclean twice (decode not asked then), then prefill clean + decode unclean, then both clean
     assert p.calls == [True, False, False, False, False] and d.calls == [False, False]
-    published.clear()
-    old = synthetic()._replace(prefill=[(n, q, 3 * ms) for n, q, ms in synthetic().prefill])
-    assert asyncio.run(calibrations(Handle(busy, cache=old), Handle(busy, cache=old), published.append,
-                                    delays_s=(), every_s=0.0, tries=3)) == published[0]
-    assert len(published) == 1 and published[0].source == "prefill cache, decode cache"  # the cache stays
 
 
 def test_the_sampler_counts_other_processes_load_and_looks_before_measuring() -> None:
@@ -223,3 +219,61 @@ def test_cache_files_are_written_whole(tmp_path, monkeypatch) -> None:
     (tmp_path / "profiles" / "k2.json").write_text("{\"prefill\": ")  # a torn file reads as absent
     assert sampler.load_cached("k2") is None
     assert json.loads((tmp_path / "profiles" / "k1.json").read_text())["clean"] is True
+
+
+def _host(pending: dict[str, int], running: dict[str, int], engine_waiting: int, engine_running: int):
+    """What EngineHost.stats reads, with the engine's own counts (which include a measurement's requests)."""
+    from types import SimpleNamespace
+
+    totals = SimpleNamespace(waiting=engine_waiting, running=engine_running, kv_usage=0.1, spec_drafted=0,
+                             spec_accepted=0, recent_steps=lambda: (0.3, 0.3))
+    sched = SimpleNamespace(max_num_batched_tokens=2048)
+    vc = SimpleNamespace(scheduler_config=sched, cache_config=SimpleNamespace(enable_prefix_caching=False))
+    return SimpleNamespace(totals=totals, _pending=pending, _running_ctx=running, _pulling={}, worker_id="p-0",
+                           role="prefill", node_id="n", num_gpu_blocks=10, block_size=16,
+                           engine=SimpleNamespace(errored=False, vllm_config=vc))
+
+
+def test_a_measurement_is_not_load_in_the_stats_the_router_reads() -> None:
+    """The first request after start used to queue behind (and be refused for) the calibration's own
+    512-token prefill: the router must see an idle worker while only a measurement runs."""
+    from engine.host import EngineHost
+
+    s = EngineHost.stats(_host({"calib-a": 512}, {"calib-b": 96, "calib-c": 96}, 1, 2))
+    assert (s.waiting, s.running, s.queued_prompt_tokens, s.running_context_tokens) == (0, 0, 0, 0)
+    assert s.calibrating == 3 and s.recent_step_times_s == ()  # its steps teach the corrections nothing
+    s = EngineHost.stats(_host({"calib-a": 512, "cmpl-x": 40}, {"cmpl-y": 70}, 2, 1))
+    assert (s.waiting, s.running, s.queued_prompt_tokens, s.running_context_tokens) == (1, 1, 40, 70)
+    s = EngineHost.stats(_host({"cmpl-x": 40}, {}, 3, 1))  # no measurement: the engine's counts as before
+    assert (s.waiting, s.running, s.calibrating) == (3, 1, 0) and s.recent_step_times_s == (0.3, 0.3)
+
+
+def test_the_cache_key_changes_with_the_engine_settings_and_the_model_files(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 64}')
+    (model / "model.safetensors").write_bytes(b"x" * 100)
+
+    def vc(budget: int = 2048, block: int = 16) -> SimpleNamespace:
+        return SimpleNamespace(
+            scheduler_config=SimpleNamespace(max_num_batched_tokens=budget, enable_chunked_prefill=True, max_num_seqs=64),
+            cache_config=SimpleNamespace(block_size=block, cache_dtype="auto"),
+            model_config=SimpleNamespace(model=str(model), max_model_len=2048, enforce_eager=True),
+            speculative_config=None)
+
+    base = sampler.engine_fingerprint(vc())
+    assert base == sampler.engine_fingerprint(vc()) and len(base) == 12
+    assert sampler.engine_fingerprint(vc(budget=512)) != base
+    assert sampler.engine_fingerprint(vc(block=32)) != base
+    (model / "model.safetensors").write_bytes(b"x" * 101)  # other weights
+    assert sampler.engine_fingerprint(vc()) != base
+    key = sampler.machine_key("smollm2", "float32", 1, "cpu", base)
+    assert key.endswith("-" + base) and key.startswith("smollm2-float32-t1-cpu-")
+
+
+def test_the_profile_dir_can_be_set(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SAAF_PROFILE_DIR", str(tmp_path / "p"))
+    sampler.store("k", synthetic())
+    assert (tmp_path / "p" / "k.json").is_file() and sampler.load_cached("k") is not None
