@@ -26,7 +26,7 @@ SUMMARIES = ("report.json", "results.json", "summary.json")
 HEADINGS = ("README.md", "report.md")
 SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Security / abuse", ("abuse",)),
-    ("Footprint & soak", ("footprint", "soak")),
+    ("Footprint, start-up & soak", ("footprint", "first-request", "soak")),
     ("Goodput: colocated vs disaggregated", ("goodput", "cpu-colocated-vs-disaggregated")),
     ("Admission, routing & ingress", ("admission", "router", "ingress")),
     ("Batching & optimisations", ("batching", "optimizations", "speculation")),
@@ -38,6 +38,7 @@ OTHER = "Other"
 TITLES = {
     "abuse-cpu": "Abuse table: what a deployment answers to hostile or broken clients",
     "admission-cpu": "Live admission: one burst past capacity, admission off vs the goodput router",
+    "first-request-cpu": "First requests after start, sent the moment the endpoint prints (fresh deployments)",
     "footprint-cpu": "Footprint of the embedded default deployment: start-up, memory, CPU, shutdown",
     "goodput-paired-0.5": "Paired 0.5 req/s check, disaggregated only: auto vs always, five seeds",
     "goodput-tpotbatch-0.5": "0.5 req/s check: auto, always and colocated, five seeds",
@@ -143,6 +144,10 @@ def headline(obj: dict) -> str:
         passed = sum(v == "PASS" for v in checks.values())
         answered = f"{obj.get('answered')}/{obj.get('requests')}"
         parts.append(f"checks {passed}/{len(checks)} PASS; answered {answered}")
+    summary = _dict(obj.get("summary"))
+    if "refused_429" in summary and "met_slo" in summary:
+        parts.append(f"{summary['runs']} starts: {summary['met_slo']}/{summary['requests']} met the SLO, "
+                     f"{summary['refused_429']} refused")
     counts: dict[str, list[int]] = {}
     for mode, by_rate in _dict(obj.get("outcomes")).items():
         for out in _dict(by_rate).values():

@@ -72,7 +72,7 @@ def test_artefact_without_provenance_gets_remeasure_row(tmp_path: Path) -> None:
         tmp_path / "soak-cpu.json", {"requests": 2, "answered": 2, "checks": {"one": "PASS", "two": "FAIL"}}
     )
     (row,) = rows(tmp_path)
-    assert row.section == "Footprint & soak"
+    assert row.section == "Footprint, start-up & soak"
     assert row.cells[0] == "[soak-cpu.json](soak-cpu.json)"
     assert row.cells[2:6] == (NO_PROVENANCE, "-", "-", "-")
     assert row.cells[6] == "checks 1/2 PASS; answered 2/2"
