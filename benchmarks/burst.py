@@ -9,7 +9,9 @@ make all of them late. Two deployments of the embedded default (manifests/deploy
    (~256-token prompts, each its own first words so no prefix-cache hit, 32 output tokens) per k of
    `--ks`: what "admit the first k, refuse the rest" meets.
 2. the default router (goodput, `admission: queue`): `--cycles` bursts of `--burst`, each followed by
-   `--lone` lone requests (a burst must not lock the deployment out).
+   `--lone` lone requests (a burst must not lock the deployment out); after each burst, the router's
+   own prediction log for its requests (`/v1/stats` router.predictions: sequence, predicted and
+   observed TTFT, predicted and observed TPOT, placement).
 Met = 200, TTFT <= the TTFT target and mean inter-token gap <= the TPOT target. Prints measured figures;
 asserts nothing.
 """
@@ -23,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import yaml
 
 from benchmarks.client import RequestRecord, first_model, make_client, request_body, send_request
@@ -61,6 +64,12 @@ def _tally(recs: list[RequestRecord], ttft_s: float, tpot_s: float) -> dict:
                                                                   (r.status == 200 and not r.ok) for r in recs),
             "ttft_max_s": round(max((r.ttft_s for r in ok), default=0.0), 3),
             "refusal_max_s": round(max((r.e2e_s or 0.0 for r in recs if r.status == 429), default=0.0), 3)}
+
+
+def _predictions() -> list:
+    """The router's log: (sequence, predicted TTFT, observed TTFT, predicted TPOT, observed TPOT, placement)."""
+    stats = httpx.get(f"{ENDPOINT}/v1/stats", timeout=10, trust_env=False).json()
+    return (stats.get("router") or {}).get("predictions") or []
 
 
 def _deployed(config: dict, work: Path, name: str) -> DeployProcess:
@@ -107,9 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             model, res["goodput"], res["lone_after"] = first_model(ENDPOINT, None), [], []
             for c in range(a.cycles):
-                first = 100_000 * (c + 1)
+                first, last_seq = 100_000 * (c + 1), max((p[0] for p in _predictions()), default=0)
                 res["goodput"].append(_tally(asyncio.run(_burst(model, range(first, first + a.burst), a.output_len)),
                                              ttft_s, tpot_s))
+                # NOTE: the router's own log of (predicted, observed) TTFT and TPOT per placement: why it erred
+                res["goodput"][-1]["router_predictions"] = [p for p in _predictions() if p[0] > last_seq]
                 print(f"goodput burst {c + 1}: {res['goodput'][-1]}")
                 time.sleep(PAUSE_S)
                 lone = [asyncio.run(_burst(model, range(first + 500 + i, first + 501 + i), a.output_len))[0]
