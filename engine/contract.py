@@ -77,7 +77,3 @@ class WorkerStats(NamedTuple):
     # they are no queue for a prompt prefilled on this engine (`queued_prompt_tokens` leaves them out)
     pulling: int = 0
     pulling_tokens: int = 0
-    # NOTE: a CPU engine's threads and the cores its node lets it use (0 and 0 on GPUs): engines that share a
-    # node's cores slow each other when both run, which the router's contention term predicts
-    cpu_threads: int = 0
-    cpu_cores: int = 0

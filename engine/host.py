@@ -186,8 +186,6 @@ class EngineHost:
             spec_drafted=t.spec_drafted,
             spec_accepted=t.spec_accepted,
             prefix_caching=bool(self.engine.vllm_config.cache_config.enable_prefix_caching),
-            cpu_threads=self.cfg.cpu_threads if self.device == "cpu" else 0,
-            cpu_cores=len(os.sched_getaffinity(0)) if self.device == "cpu" else 0,
         )
 
     def totals_snapshot(self) -> dict[str, Any]:

@@ -40,7 +40,6 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from cluster.router import contention
 from cluster.router.goodput_state import _INF, WorkerState, _learn
 from cluster.router.latency import latency_from_config
 from cluster.router.local_prefill import Declined, LocalPrefill
@@ -86,7 +85,6 @@ class GoodputPolicy(LocalPrefill, Policy):
         # so a benchmark can set the router's predictions next to what happened and where (GET /v1/stats)
         self.predictions: deque[tuple[int, float, float, float | None, float | None, str]] = deque(maxlen=512)
         self._seq = 0
-        self._cf: dict[str, float] = {}  # contention factor per CPU worker, this route's (contention.py)
         for name, v, lo, hi in (("sigma", sigma, 1e-3, 5.0), ("admit_probability", admit_probability, 0, 1),
                                 ("ewma_alpha", ewma_alpha, 1e-6, 1), ("tie_probability", tie_probability, 0, 1),
                                 ("default_ttft_s", default_ttft_s, 1e-6, 1e6),
@@ -212,8 +210,6 @@ class GoodputPolicy(LocalPrefill, Policy):
             mine = hit and s.worker_id == aff
             lin = st.base + (fl_hit if mine else fl)
             c = ((lin if lin > p_mem else p_mem) + st.extra + (tail_hit if mine else tail)) * st.ttft_ratio
-            if self._cf:
-                c *= self._cf.get(s.worker_id, 1.0)
             maxb = s.step_tokens or dflt  # NOTE: the engine's own budget wins over the configured fallback
             if st.q > maxb - prompt:
                 c += p_fixed * ((st.q + pm1) // maxb) * st.ttft_ratio
@@ -249,8 +245,6 @@ class GoodputPolicy(LocalPrefill, Policy):
         # NOTE: the transfer delays the first token only where the decode engine samples it; else the second
         # (the prefill's first token streams at once), so it counts in TPOT: a share of it per output token
         in_ttft = 0.0 if req.first_from_prefill or out <= 1 else 1.0
-        # NOTE: CPU engines that share a node's cores with busy ones prefill slower than calibrated
-        self._cf = contention.factors((*prefill, *decode), self.states)
         costs, nh, held, aff_i, by_node = self._prefill_scan(prompt, pool, now, aff, x_same != x_cross, hit)
         t = self.latency.terms
         own, own_hit = sum(_own(t, prompt, 0)), sum(_own(t, prompt, hit))  # what we add to the batch we join

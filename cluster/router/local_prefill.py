@@ -46,7 +46,6 @@ class LocalPrefill:
     stale_s: float
     _avg_out: float
     clock: Callable[[], float]
-    _cf: dict[str, float]  # contention factor per CPU worker (contention.py)
     p_meet: Callable[[float, float], float]
 
     def _local(self, req: RouteRequest, d: WorkerStats, step: float, tpot: float, remote_value: float,
@@ -71,7 +70,7 @@ class LocalPrefill:
             return Declined(burst=True)
         lin = st.base + t.pa * prompt + t.pb * prompt * prompt
         pre = (lin if lin > t.p_mem else t.p_mem) + st.extra + t.p_lin * prompt
-        ttft = (pre * self._cf.get(d.worker_id, 1.0) + (step if streams else 0.0)) * st.ttft_ratio
+        ttft = (pre + (step if streams else 0.0)) * st.ttft_ratio
         p_meet = self.p_meet
         ptp = 1.0 if out <= 1 else p_meet(req.tpot_slo_s, tpot)
         own = p_meet(req.ttft_slo_s, ttft) * ptp

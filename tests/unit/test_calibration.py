@@ -230,7 +230,6 @@ def _host(pending: dict[str, int], running: dict[str, int], engine_waiting: int,
     sched = SimpleNamespace(max_num_batched_tokens=2048)
     vc = SimpleNamespace(scheduler_config=sched, cache_config=SimpleNamespace(enable_prefix_caching=False))
     return SimpleNamespace(totals=totals, _pending=pending, _running_ctx=running, _pulling={}, worker_id="p-0",
-                           cfg=SimpleNamespace(cpu_threads=1), device="cpu",
                            role="prefill", node_id="n", num_gpu_blocks=10, block_size=16,
                            engine=SimpleNamespace(errored=False, vllm_config=vc))
 
