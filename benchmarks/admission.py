@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from benchmarks.compare.provenance import Provenance, write_artefact
+from benchmarks.compare.runner import final_calibration
 
 TTFT_X, TPOT_X = 3.0, 5.0  # lower bound of the TTFT target, and the TPOT target, in lone-request units
 OFF_MET = 0.4  # the share of the admission-off burst that meets the TTFT target
@@ -153,22 +154,19 @@ def summary(rs: list[dict], targets: dict[str, float]) -> dict[str, Any]:
 
 
 def wait_calibrated(endpoint: str, timeout_s: float = 180) -> dict[str, Any]:
-    """The deployment's `/v1/stats` calibration once its router latency model was measured on its own engines.
+    """The deployment's `/v1/stats` calibration once its router latency model is final: measured on its own
+    engines, or cached from such a measurement on this machine with this engine configuration.
 
     NOTE: the controller starts measuring once an ingress that predicts (goodput) is up, and measures only
-    on a quiet box (cluster/control/calibration.py), trying every 10 s at first, then every 2 minutes:
-    here, while this waits and nothing else runs. Until then the router
-    predicts with the bundled profile, fitted on another machine (on a slower CPU it underestimates how a
-    decode step grows with the batch, and admission admits a burst it cannot serve in time)."""
-    deadline = time.monotonic() + timeout_s
-    cal = None
-    while time.monotonic() < deadline:
-        cal = httpx.get(f"{endpoint}/v1/stats", timeout=10).json().get("calibration")
-        if cal and "measured" in cal.get("source", ""):
-            return cal
-        time.sleep(1.0)
-    raise RuntimeError(f"the router's latency model was not measured on the engines within {timeout_s:.0f}s "
-                       f"(last: {cal}): was the box busy all along?")
+    on a quiet box (cluster/control/calibration.py): here, while this waits and nothing else runs. Until
+    then the router predicts with the bundled profile, fitted on another machine (on a slower CPU it
+    underestimates how a decode step grows with the batch, and admission admits a burst it cannot serve
+    in time)."""
+    cal = final_calibration(endpoint, timeout_s)
+    if cal is None:
+        raise RuntimeError(f"the router's latency model was not final within {timeout_s:.0f}s (GET {endpoint}"
+                           "/v1/stats): was the box busy all along?")
+    return cal
 
 
 def warm(endpoint: str, model: str, n: int, targets: dict[str, float], workers: dict[str, tuple[str, Any]]) -> None:

@@ -53,8 +53,9 @@ def pss_by_process(pids: list[int]) -> dict[str, int]:
 class DeployProcess:
     """``python -m cluster.deploy [CONFIG] --no-demo`` with its own embedded Ray."""
 
-    def __init__(self, config: str | None = None) -> None:
+    def __init__(self, config: str | None = None, env: dict[str, str] | None = None) -> None:
         self.config = config
+        self.extra_env = dict(env or {})  # on top of this process's environment, for the deployment only
         self.lines: list[str] = []
         self.proc: subprocess.Popen | None = None
         self._ready = threading.Event()
@@ -65,6 +66,7 @@ class DeployProcess:
 
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # NOTE: always its own Ray
         env.update(LOOPBACK_ENV, PYTHONUNBUFFERED="1")
+        env.update(self.extra_env)
         cmd = [sys.executable, "-m", "cluster.deploy", *([self.config] if self.config else []), "--no-demo"]
         t0 = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

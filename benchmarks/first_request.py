@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 import time
@@ -50,10 +51,7 @@ def _row(r: RequestRecord) -> dict:
 
 def run_once(profile_dir: str, requests: int) -> dict:
     """One fresh deployment with its calibration cache in `profile_dir`; the figures of one run."""
-    import os
-
-    os.environ["SAAF_PROFILE_DIR"] = profile_dir
-    dp = DeployProcess()
+    dp = DeployProcess(env={"SAAF_PROFILE_DIR": profile_dir})  # NOTE: this process's environment is left as is
     res: dict = {"cache_files_before": len(os.listdir(profile_dir)) if os.path.isdir(profile_dir) else 0}
     try:
         res["ready_s"] = round(dp.start(600), 1)

@@ -33,13 +33,14 @@ logger = logging.getLogger(__name__)
 CALIBRATION_WAIT_S = 180.0
 
 
-def wait_calibrated(endpoint: str, timeout_s: float) -> float | None:
-    """Seconds until the goodput router's fresh calibration is in (GET /v1/stats), so the steps measure the
-    deployment as it serves from then on; None if this router does not calibrate (or it did not finish)."""
+def final_calibration(endpoint: str, timeout_s: float) -> dict[str, Any] | None:
+    """The goodput router's calibration from GET /v1/stats once it is final (measured on these engines, or
+    the cache of an earlier measurement on this machine with this engine configuration: engine/calibrate.py
+    machine_key); None if this router does not calibrate, the calibration failed or it did not finish."""
     import httpx
 
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         try:
             body = httpx.get(endpoint.rstrip("/") + "/v1/stats", timeout=5.0, trust_env=False).json()
         except (httpx.HTTPError, ValueError):
@@ -49,9 +50,16 @@ def wait_calibrated(endpoint: str, timeout_s: float) -> float | None:
         if router.get("policy") != "goodput" or (cal and "error" in cal):
             return None
         if cal and cal.get("final"):
-            return round(time.monotonic() - t0, 1)
+            return cal
         time.sleep(1.0)
     return None
+
+
+def wait_calibrated(endpoint: str, timeout_s: float) -> float | None:
+    """Seconds until the goodput router's calibration is final (final_calibration), so the steps measure the
+    deployment as it serves from then on; None if this router does not calibrate (or it did not finish)."""
+    t0 = time.monotonic()
+    return None if final_calibration(endpoint, timeout_s) is None else round(time.monotonic() - t0, 1)
 
 
 def run_variant(name: str, deployment: Deployment, steps: Sequence[Step], opts: RunOptions,
