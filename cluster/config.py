@@ -236,6 +236,9 @@ class ServeConfig(BaseModel):
     max_connections: int = Field(
         1024, ge=1, le=1_000_000, description="Open client connections per ingress replica; beyond it new "
                                              "connections get 503 and are closed")
+    served_header: bool = Field(
+        True, description="Every generating response says how it was served: the x-saaf-served header (path, "
+                          "workers, KV bytes, transfer time) and, in a stream with usage, usage.saaf_served")
     docs: bool = Field(False, description="Serve /docs and /openapi.json (off: they describe every route to "
                                           "anyone who reaches the port)")
     cors_origins: list[str] = Field(

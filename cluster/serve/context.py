@@ -1,5 +1,6 @@
 """What travels with one HTTP request from its route into our engine client's generate(): the SLO the
-client asked for, and the jobs generate() created (so a stream can be admitted before it starts).
+client asked for, and the jobs generate() created (so a stream can be admitted before it starts, and its
+response can say how it was served).
 
 NOTE: vLLM's serving layer passes only trace headers down to `EngineClient.generate()`; a contextvar set
 around the serving call reaches it (generate() is called in the same task), as does any job it creates.
@@ -48,3 +49,6 @@ def _header(headers: Mapping[str, str], name: str, default_ms: float) -> float:
 
 
 CURRENT: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar("saaf_request", default=None)
+# NOTE: set by the HTTP request's middleware (cluster/serve/served.py): every serving call's context joins it,
+# so the response can say how its completions were served.
+SERVED: contextvars.ContextVar[list[RequestContext] | None] = contextvars.ContextVar("saaf_served", default=None)

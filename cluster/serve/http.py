@@ -1,7 +1,7 @@
 """The HTTP app of an ingress replica: vLLM's own OpenAI routers over our EngineClient, set up the way
 vLLM sets up its server (`init_app_state` with arguments from its arg parser), plus our own /health
 (draining), /metrics, /v1/stats and /v1/models/{id}, and the Guard (and, with serve.api_keys, Auth)
-middleware in front.
+middleware in front, and ServedHeader (how each request was served: cluster/serve/served.py) inside them.
 
 vLLM's routers mounted: chat completions, completions, responses, Anthropic messages, models, tokenize /
 detokenize. Not mounted: vLLM's /health and /metrics (ours answer there), LoRA, profiling, sleep, pooling.
@@ -23,6 +23,8 @@ from cluster.serve import preflight
 from cluster.serve.auth import Auth
 from cluster.serve.engine_client import TASKS, PDEngineClient
 from cluster.serve.guard import Guard
+from cluster.serve.served import HEADER as SERVED_HEADER
+from cluster.serve.served import ServedHeader
 
 VLLM_ROUTERS = (
     "vllm.entrypoints.openai.chat_completion.api_router",
@@ -105,11 +107,13 @@ async def build_app(client: PDEngineClient, args: Any, *, health: Callable[[], t
         raise ServeError(404, f"The model `{model_id}` does not exist.", type_="NotFoundError", param="model",
                          code="model_not_found")
 
+    if sc.served_header:  # NOTE: innermost: it sees the serving calls' contexts, not the guard's own errors
+        app.add_middleware(ServedHeader, colocated=client.svc.cfg.mode == "colocated")
     if sc.cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=sc.cors_origins, allow_methods=["GET", "POST", "OPTIONS"],
-                           allow_headers=["*"], allow_credentials=False)
+                           allow_headers=["*"], allow_credentials=False, expose_headers=[SERVED_HEADER])
     app.add_middleware(Guard, max_body_bytes=sc.max_body_bytes, max_inflight=sc.max_inflight,
                        draining=lambda: client.draining, body_timeout_s=sc.body_timeout_s)
     if sc.api_key_sha256:  # NOTE: added last, so outermost: a request without a key costs no in-flight slot

@@ -90,6 +90,8 @@ class Leg:
         self.route = route
         self.deadline = deadline
         self.decision: RouteDecision | None = None
+        self.transfer: TransferTelemetry | None = None  # the latest KV pull's, as its decode worker reported it
+        self.attempts = 0  # workers tried (a retry or migration is one more)
         self.routed_at = 0.0
         self.first_token_at: float | None = None
         self.tokens = 0
@@ -165,6 +167,7 @@ class Leg:
             else:
                 dec = await self.svc.admission.route(route, excluded, must_admit=True)
             self.decision, self.routed_at = dec, time.monotonic()
+            self.attempts = attempt + 1
             if self.svc.cfg.mode != "colocated":
                 where, _, why = (dec.placement or ("local:policy" if dec.local else "remote:policy")).partition(":")
                 self.svc.metrics.placement.labels(where, why).inc()
@@ -294,6 +297,7 @@ class Leg:
                                        first_timeout=True):
             if isinstance(item, TransferTelemetry):
                 self._unpulled = None
+                self.transfer = item
                 self.svc.transfers.record(item)
                 if item.outcome != "failed":  # NOTE: pulled, or recomputed there: the prompt's KV is on it
                     self._kv_landed(worker)

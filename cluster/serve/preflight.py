@@ -21,7 +21,7 @@ from typing import Any
 
 from cluster.config import SLOConfig
 from cluster.errors import too_many
-from cluster.serve.context import CURRENT, RequestContext
+from cluster.serve.context import CURRENT, SERVED, RequestContext
 from cluster.serve.engine_client import StreamError
 
 # The serving objects vLLM's init_app_state creates, and their request methods that may return streams.
@@ -97,6 +97,9 @@ def admit_streams_first(method: Callable[..., Any], slo: SLOConfig, cap: int = 1
             raise too_many(asked_completions(request), cap)
         ctx = RequestContext.from_headers(raw_request.headers if raw_request is not None else {}, slo)
         token = CURRENT.set(ctx)
+        served = SERVED.get()
+        if served is not None:
+            served.append(ctx)
         try:
             result = await method(request, raw_request, *args, **kwargs)
         except BaseException:
