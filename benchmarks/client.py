@@ -43,6 +43,7 @@ class RequestRecord:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     usage_reported: bool = False
+    served: list[dict] | None = None  # our deployments: how each completion was served (usage.saaf_served)
     error_kind: str | None = None
     error: str | None = None
 
@@ -137,6 +138,7 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict, api: str, rec
                 rec.prompt_tokens = int(event["usage"].get("prompt_tokens") or 0)
                 rec.completion_tokens = int(event["usage"].get("completion_tokens") or 0)
                 rec.usage_reported = True
+                rec.served = event["usage"].get("saaf_served")
             if not _content(event, api):
                 continue
             rec.chunks += 1

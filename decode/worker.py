@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from engine.contract import DecodeQueued
 from engine.host import EngineError, EngineHost, delta_params
 from kvtransfer.handoff import KVHandoff, TransferTelemetry
+from kvtransfer.integrity import CORRUPT, DIGEST
 
 if TYPE_CHECKING:
     from engine.contract import DecodeEvent
@@ -38,11 +39,20 @@ async def _cancelled(task: asyncio.Future) -> None:
 
 class DecodeWorker(EngineHost):
     role = "decode"
+    _corrupt_next = 0  # fault injection: pulls still to corrupt (transfer.fault_injection)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.counters = {"transfers": 0, "kv_bytes": 0, "recomputes": 0, "failures": 0, "timeouts": 0,
-                         "lease_expired": 0}
+                         "lease_expired": 0, "integrity_mismatches": 0}
+
+    def inject_kv_corruption(self, n: int) -> int:
+        """Tests only (transfer.fault_injection): the next `n` pulls get one element of a received block
+        changed before the integrity check (kvtransfer/integrity.py). Returns how many are armed."""
+        if not self.transfer_cfg.fault_injection:
+            raise EngineError("fault injection is off on this deployment (transfer.fault_injection: false)")
+        self._corrupt_next = max(0, int(n))
+        return self._corrupt_next
 
     async def decode_stream(
         self, request_id: str, prompt_token_ids: list[int], params: Any, h: KVHandoff
@@ -68,7 +78,11 @@ class DecodeWorker(EngineHost):
             outcome = "recomputed"
             gen = self._generate(f"{request_id}-rc", prompt_token_ids, delta_params(params, prompt_logprobs=None))
         else:
-            extra = dict(params.extra_args or {}, kv_transfer_params=h.decode_params())
+            kv_params = h.decode_params()
+            if self._corrupt_next > 0:
+                self._corrupt_next -= 1
+                kv_params[CORRUPT] = True
+            extra = dict(params.extra_args or {}, kv_transfer_params=kv_params)
             gen = self._generate(request_id, prompt_token_ids, delta_params(params, prompt_logprobs=None,
                                                                              extra_args=extra),
                                  pulled=h.prompt_tokens)
@@ -105,6 +119,19 @@ class DecodeWorker(EngineHost):
             # NOTE: decode always recomputes the last prompt token to sample from it; more than that
             # means the transfer did not deliver (vLLM's recompute policy, or a threshold skip).
             outcome = "recomputed"
+        checked = ""
+        if self.transfer_cfg.integrity:
+            redone = self.totals.mismatched_since(request_id, submitted)
+            if redone:  # NOTE: vLLM recomputed from its first bad block on (or, policy fail, failed it)
+                checked = "mismatch"
+                self.counters["integrity_mismatches"] += 1
+                computed = max(computed, len(prompt_token_ids) - (h.num_blocks - redone) * h.block_size)
+                if outcome == "ok":
+                    outcome = "recomputed"
+            elif DIGEST in h.kv_transfer_params and outcome == "ok":
+                checked = "ok"
+            else:  # NOTE: no digest (a prefill engine of several workers), or nothing was pulled
+                checked = "unchecked"
         if outcome == "recomputed":
             self.counters["recomputes"] += 1
         else:
@@ -126,6 +153,7 @@ class DecodeWorker(EngineHost):
             backend=h.backend,
             memory=h.memory,
             outcome=outcome,
+            integrity=checked,
         )
         if outcome == "failed":
             await gen.aclose()

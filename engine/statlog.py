@@ -9,11 +9,23 @@ from typing import Any
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from kvtransfer.connector import LOAD_STARTED
+from kvtransfer.integrity import MISMATCH
 
 # NOTE: step times older than this were measured on another batch (the router compares them with the
 # model at the batch running now), so stats() leaves them out.
 STEP_WINDOW_S = 3.0
 MAX_LOADS_KEPT = 4096  # load-start times kept (a decode worker reads its request's within seconds)
+
+
+def _ours(engine_request_id: str) -> str:
+    # NOTE: vLLM's engine id is ours plus "-" and 8 random characters (InputProcessor.assign_request_id)
+    return engine_request_id[:-9] if engine_request_id[-9:-8] == "-" else engine_request_id
+
+
+def _keep(d: OrderedDict[str, Any], rid: str, value: Any) -> None:
+    d[rid] = value
+    while len(d) > MAX_LOADS_KEPT:
+        d.popitem(last=False)
 
 
 class EngineTotals:
@@ -37,6 +49,8 @@ class EngineTotals:
         self.spec_drafted = 0  # speculative decoding: draft tokens proposed, and accepted
         self.spec_accepted = 0
         self.loads_started: OrderedDict[str, float] = OrderedDict()  # request id -> monotonic time
+        self.kv_mismatches = 0  # decode side: pulls whose blocks differed from the prefill's digest
+        self.mismatched: OrderedDict[str, tuple[float, int]] = OrderedDict()  # rid -> (monotonic, blocks redone)
 
     def load_started_at(self, request_id: str, since: float = 0.0) -> float | None:
         """When the engine's scheduler started pulling `request_id`'s KV (kvtransfer/connector.py), if it has
@@ -45,11 +59,13 @@ class EngineTotals:
         return at if at is not None and at >= since else None
 
     def _load_started(self, engine_request_id: str, at: float) -> None:
-        # NOTE: vLLM's engine id is ours plus "-" and 8 random characters (InputProcessor.assign_request_id)
-        rid = engine_request_id[:-9] if engine_request_id[-9:-8] == "-" else engine_request_id
-        self.loads_started[rid] = at
-        while len(self.loads_started) > MAX_LOADS_KEPT:
-            self.loads_started.popitem(last=False)
+        _keep(self.loads_started, _ours(engine_request_id), at)
+
+    def mismatched_since(self, request_id: str, since: float = 0.0) -> int:
+        """Blocks recomputed because the KV pulled for `request_id` (since `since`) failed the integrity
+        check (from the first bad block to the end); 0 if it passed or was not checked."""
+        at, blocks = self.mismatched.get(request_id, (0.0, 0))
+        return blocks if at >= since else 0
 
     def recent_steps(self, window_s: float = STEP_WINDOW_S) -> tuple[float, ...]:
         """Durations of the steps that ended within the last `window_s`: older ones ran another batch."""
@@ -64,6 +80,7 @@ class EngineTotals:
             "kv_failures": self.kv_failures,
             "kv_expired": self.kv_expired,
             "kv_late_reads": self.kv_late_reads,
+            "kv_integrity_mismatches": self.kv_mismatches,
             "prompt_tokens_computed": self.prompt_tokens_computed,
             "prompt_tokens_external": self.prompt_tokens_external,
             "spec_drafted": self.spec_drafted,
@@ -102,6 +119,9 @@ def make_stat_logger_factory(totals: EngineTotals):
                     t.kv_late_reads += len(data.get("num_notifications_after_expiry", []))
                     for rid in data.get(LOAD_STARTED, ()):
                         t._load_started(rid, now)
+                    for rid, blocks in data.get(MISMATCH, ()):
+                        t.kv_mismatches += 1
+                        _keep(t.mismatched, _ours(rid), (now, int(blocks)))
             if iteration_stats is not None:
                 pts = iteration_stats.prompt_token_stats
                 t.prompt_tokens_computed += pts.computed

@@ -40,6 +40,13 @@ class TransferConfig(BaseModel):
         "auto", description="Run the NIXL fabric check before serving: true, false, or auto (on clusters of "
                             "more than one node)")
     fabric_check_mib: int = Field(16, gt=0, description="Bytes moved per pair by the fabric check, MiB")
+    integrity: bool = Field(
+        False, description="Check every pulled KV block against a digest the prefill engine took as it wrote it; "
+                           "mismatched blocks follow failure_policy (recompute, or fail the request). Costs a hash "
+                           "of the KV on both sides (kvtransfer/integrity.py)")
+    fault_injection: bool = Field(
+        False, description="Tests only: lets the decode workers' inject_kv_corruption(n) corrupt their next n "
+                           "pulls, to exercise the integrity check")
 
 
 def kv_transfer_kwargs(role: Role, engine_id: str, device: str, cfg: TransferConfig) -> dict[str, Any]:
@@ -60,6 +67,8 @@ def kv_transfer_kwargs(role: Role, engine_id: str, device: str, cfg: TransferCon
             # NOTE: vLLM skips the pull (and silently recomputes on decode) below 64 prompt tokens by
             # default; we always pull so that every disaggregated request really moves its KV.
             "kv_recompute_threshold": 0,
+            "saaf_integrity": cfg.integrity,
+            "saaf_fault_injection": cfg.fault_injection,
         },
     }
 

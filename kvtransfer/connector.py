@@ -22,10 +22,15 @@ last reader has pulled (vLLM frees them at the first reader's notification other
 pulls still notifies once: vLLM's rejected-request path sends the same message.
 
 Its handshake side channel drops malformed requests instead of dying on one (kvtransfer/side_channel.py).
+
+With `saaf_integrity` in its extra config (`transfer.integrity: true`), the prefill side adds a digest of
+every block it hands off and the decode side checks the blocks it pulled against it, reporting mismatched
+blocks to vLLM as failed loads (kvtransfer/integrity.py).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from typing import Any
 
@@ -33,9 +38,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector as _VllmNixlConnector
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
 
-from kvtransfer import side_channel
+from kvtransfer import integrity, side_channel
 from kvtransfer.handoff import READERS
 
+logger = logging.getLogger(__name__)
 LOAD_STARTED = "saaf_load_started"  # engine request ids whose KV pull the scheduler started this step
 READERS_KEPT = 4096  # worker side: reader counts remembered (a request's reads are posted within a few steps)
 
@@ -60,9 +66,10 @@ class LoadStats(NixlKVConnectorStats):
     def reset(self) -> None:
         super().reset()
         self.data[LOAD_STARTED] = []
+        self.data[integrity.MISMATCH] = []
 
     def is_empty(self) -> bool:
-        return super().is_empty() and not self.data.get(LOAD_STARTED)
+        return super().is_empty() and not self.data.get(LOAD_STARTED) and not self.data.get(integrity.MISMATCH)
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for k, v in other.data.items():  # NOTE: either side may lack LOAD_STARTED (vLLM's own stats class)
@@ -86,6 +93,14 @@ class NixlConnector(_VllmNixlConnector):
         super().__init__(*args, **kwargs)
         side_channel.harden(self.connector_scheduler)  # NOTE: before vLLM starts its listener (set_xfer_handshake_metadata)
         self._started: list[str] = []  # scheduler side: loads started since the last stats
+        ktc = getattr(self, "_kv_transfer_config", None)  # NOTE: set by vLLM's base class
+        extra = (ktc.kv_connector_extra_config if ktc is not None else None) or {}
+        self._integrity = bool(extra.get("saaf_integrity"))
+        self._faults = bool(extra.get("saaf_fault_injection"))
+        # worker side: rid -> (local block ids, the prefill's digests or None, corrupt it first)
+        self._expect: OrderedDict[str, tuple[list[int], list[str] | None, bool]] = OrderedDict()
+        self._mismatched: list[list] = []  # worker side: [decode request id, blocks recomputed] of failed checks
+        self._unchecked_logged = False
         self._readers: OrderedDict[str, int] = OrderedDict()  # worker side: decode request id -> readers
         worker = getattr(self, "connector_worker", None)  # NOTE: set by vLLM's init (None on the scheduler side)
         if worker is not None:
@@ -101,16 +116,86 @@ class NixlConnector(_VllmNixlConnector):
         pending = self.connector_scheduler._reqs_need_recv  # type: ignore[union-attr]
         readers = {rid: n for rid, (req, *_) in pending.items()
                    if (n := int((req.kv_transfer_params or {}).get(READERS, 1))) > 1}
+        # NOTE: digests cover whole blocks, all heads: a decode engine of another TP size holds other slices
+        vc = getattr(self, "_vllm_config", None)
+        tp = vc.parallel_config.tensor_parallel_size if vc is not None else 1
+        checks = {rid: (p.get(integrity.DIGEST) if self._integrity and p.get("tp_size", 1) == tp else None,
+                        self._faults and bool(p.get(integrity.CORRUPT)))
+                  for rid, (req, *_) in pending.items() if (p := req.kv_transfer_params or {})}
+        checks = {rid: c for rid, c in checks.items() if c[0] or c[1]}
         meta = super().build_connector_meta(scheduler_output)
         if readers:
             meta.saaf_readers = readers  # NOTE: travels with the metadata to the worker (start_load_kv)
+        if checks:
+            meta.saaf_checks = checks
         return meta
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        self._readers.update(getattr(self._connector_metadata, "saaf_readers", None) or {})
+        meta = self._connector_metadata
+        self._readers.update(getattr(meta, "saaf_readers", None) or {})
         while len(self._readers) > READERS_KEPT:
             self._readers.popitem(last=False)
+        for rid, (digests, corrupt) in (getattr(meta, "saaf_checks", None) or {}).items():
+            req = meta.reqs_to_recv.get(rid)
+            if req is not None and req.local_block_ids and req.local_block_ids[0]:
+                self._expect[rid] = (list(req.local_block_ids[0]), digests, corrupt)
+        while len(self._expect) > READERS_KEPT:
+            self._expect.popitem(last=False)
         super().start_load_kv(forward_context, **kwargs)
+
+    # ---- integrity (kvtransfer/integrity.py) -------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        super().register_kv_caches(kv_caches)
+        w = self.connector_worker
+        per_logical = int(getattr(w, "_physical_blocks_per_logical_kv_block", 1) or 1)
+        integrity.register(kv_caches, w.num_blocks, per_logical)  # type: ignore[union-attr]
+
+    def _with_digest(self, result: tuple[bool, dict[str, Any] | None]) -> tuple[bool, dict[str, Any] | None]:
+        """Scheduler side, prefill engine: the handed-off blocks' digests added to the kv_transfer_params."""
+        delay, params = result
+        if not (self._integrity and delay and params and params.get("do_remote_prefill")):
+            return result
+        groups = params.get("remote_block_ids") or []
+        if integrity.LOCAL.ready() and len(groups) == 1:
+            params[integrity.DIGEST] = integrity.block_digests(integrity.LOCAL.kv_caches, list(groups[0]),
+                                                               integrity.LOCAL.num_blocks, integrity.LOCAL.per_logical)
+        elif not self._unchecked_logged:
+            self._unchecked_logged = True
+            logger.warning(
+                "transfer.integrity: no digest (the KV cache is not in this engine process, or the model has "
+                "several KV-cache groups): decode engines cannot check these transfers")
+        return delay, params
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        return self._with_digest(super().request_finished(request, block_ids))
+
+    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]
+                                    ) -> tuple[bool, dict[str, Any] | None]:
+        return self._with_digest(super().request_finished_all_groups(request, block_ids))
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        results = super().get_transfer_results(finished_req_ids)
+        for rid in results.finished_recving:
+            expected = self._expect.pop(rid, None)
+            if expected is None or not integrity.LOCAL.ready():
+                continue
+            local, digests, corrupt = expected
+            caches, n, k = integrity.LOCAL.kv_caches, integrity.LOCAL.num_blocks, integrity.LOCAL.per_logical
+            if corrupt:  # NOTE: fault injection (transfer.fault_injection): as if the fabric flipped a bit
+                integrity.corrupt_block(caches, local[-1], n, k)
+                logger.warning("fault injection: corrupted a pulled KV block of %s", rid)
+            if not digests:
+                continue
+            bad = integrity.mismatched(local, digests, integrity.block_digests(caches, local, n, k))
+            if bad:
+                logger.warning(
+                    "KV integrity: %d of %d pulled block(s) of %s differ from what the prefill engine wrote; "
+                    "reported as failed loads (kv_load_failure_policy applies)", len(bad), len(local), rid)
+                # NOTE: vLLM recomputes from the first bad block on; (rid, blocks from it to the end) tells the
+                # decode worker how much (the request's cached-token count still counts the whole pull)
+                self._mismatched.append([rid, len(local) - local.index(bad[0])])
+                self.connector_worker._invalid_block_ids.put(set(bad))  # type: ignore[union-attr]
+        return results
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         count, load_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
@@ -126,4 +211,10 @@ class NixlConnector(_VllmNixlConnector):
         # NOTE: called on the scheduler side (no connector worker there: vLLM's part is None) and on the
         # worker side; both return LoadStats so that aggregating the two never meets a missing key.
         started, self._started = self._started, []
-        return as_load_stats(super().get_kv_connector_stats(), started)
+        stats = as_load_stats(super().get_kv_connector_stats(), started)
+        if self._mismatched:
+            stats = stats or LoadStats()
+            stats.data.setdefault(integrity.MISMATCH, []).extend(self._mismatched)  # type: ignore[union-attr]
+            self._mismatched = []
+        return stats
+

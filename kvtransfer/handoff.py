@@ -83,6 +83,7 @@ class TransferTelemetry:
     outcome: str = "ok"  # ok | recomputed | failed
     extra: dict[str, Any] = field(default_factory=dict)
     decode_queue_s: float = 0.0  # decode submit -> the decode engine starts the pull (its queue)
+    integrity: str = ""  # transfer.integrity: "ok", "mismatch" (blocks recomputed or request failed), "unchecked"
 
     @property
     def recomputed(self) -> bool:

@@ -27,6 +27,8 @@ class Metrics:
         self.kv_failures = Counter("saaf_kv_transfer_failures", "KV transfers that failed", registry=r)
         self.recomputes = Counter("saaf_kv_recomputes", "Requests whose decode recomputed the prompt",
                                   registry=r)
+        self.kv_mismatches = Counter("saaf_kv_integrity_mismatches", "KV pulls whose blocks differed from the "
+                                     "prefill engine's digest (transfer.integrity)", registry=r)
         self.placement = Counter("saaf_prefill_placement", "Where admitted prompts were prefilled "
                                  "(router.disaggregation): remote = a prefill worker, local = the decode worker",
                                  ["where", "why"], registry=r)

@@ -13,7 +13,9 @@ the header ``x-saaf-served``, one element per completion (HTTP list syntax, comm
   prompt itself: a lease or transfer timeout) or ``failed``; ``kv_bytes`` moved; ``kv_ms`` from the start of
   the pull to the decode engine's first output (the pull plus one engine step) and ``kv_gbps`` =
   bytes / that time; ``decode_computed``: prompt tokens the decode engine computed (1 when the pull
-  delivered: it computes the last prompt token to sample from it).
+  delivered: it computes the last prompt token to sample from it); ``kv_integrity`` (with
+  `transfer.integrity: true`): ``ok``, ``mismatch`` (the pulled blocks differed from the prefill's digest:
+  recomputed, so the answer is still right) or ``unchecked``.
 - ``attempts``: workers tried (more than 1 when one died and the request was retried or migrated).
 
 A stream's headers go out with its first event, before its transfer may have run (the prefill engine's
@@ -53,6 +55,7 @@ class LegServed:
     kv_ms: float | None = None
     kv_gbps: float | None = None
     decode_computed: int | None = None
+    kv_integrity: str | None = None  # transfer.integrity: ok | mismatch | unchecked
     attempts: int = 1
 
     def header_element(self) -> str:
@@ -77,7 +80,7 @@ def leg_served(index: int, leg: Any, colocated: bool) -> LegServed:
     secs = t.transfer_wait_s
     return LegServed(index, "remote", why or None, t.prefill_worker, t.decode_worker, t.outcome, t.kv_bytes,
                      round(secs * 1e3, 2), round(t.kv_bytes / secs / 1e9, 4) if secs > 0 else None,
-                     t.decode_computed_prompt_tokens, leg.attempts)
+                     t.decode_computed_prompt_tokens, t.integrity or None, leg.attempts)
 
 
 def request_served(contexts: list[RequestContext], colocated: bool) -> list[LegServed]:

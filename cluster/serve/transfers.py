@@ -27,6 +27,8 @@ class TransferLog:
             m.kv_failures.inc()
         else:
             m.kv_failures.inc()
+        if tel.integrity == "mismatch":
+            m.kv_mismatches.inc()
 
     def records(self) -> list[dict[str, Any]]:
         return [asdict(t) for t in self._last]

@@ -36,7 +36,9 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 LOGPROB_TOL = 2e-3  # absolute, on log-probabilities (fp32 CPU kernels batch differently in the two systems)
-DROP = {"id", "created", "created_at", "system_fingerprint", "call_id", "item_id", "response_id"}
+# NOTE: `saaf_served` is ours on purpose: how each completion was served, in a stream's final usage chunk
+# (cluster/serve/served.py); vLLM's server has no such field
+DROP = {"id", "created", "created_at", "system_fingerprint", "call_id", "item_id", "response_id", "saaf_served"}
 
 
 def _send(url: str, name: str, path: str, body: dict | None, stream: bool) -> Any:

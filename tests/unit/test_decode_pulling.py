@@ -47,7 +47,8 @@ def _worker() -> dw.DecodeWorker:
     w.totals, w.engine = EngineTotals(), _Engine()
     w.num_gpu_blocks, w.block_size = 45, 128
     w.counters = {"transfers": 0, "kv_bytes": 0, "recomputes": 0, "failures": 0, "timeouts": 0, "lease_expired": 0}
-    w.transfer_cfg = SimpleNamespace(failure_policy="recompute", transfer_timeout_s=5.0, kv_lease_s=30.0)
+    w.transfer_cfg = SimpleNamespace(failure_policy="recompute", transfer_timeout_s=5.0, kv_lease_s=30.0,
+                                     integrity=False)
     return w
 
 

@@ -274,3 +274,56 @@ def test_our_connector_counts_every_reader_of_one_prefill(monkeypatch: pytest.Mo
     conn.connector_worker._read_blocks(request_id="c1", expected_consumers=2)  # e.g. two prefill TP ranks
     conn.connector_worker._read_blocks(request_id="solo", expected_consumers=1)
     assert reads == [("c1", 8), ("solo", 1)]
+
+
+def test_our_connector_checks_pulled_blocks_against_the_prefills_digests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transfer.integrity: the scheduler side passes each pull's digests (same TP only) to the workers; the
+    worker side hashes the received blocks when the pull completes and reports the bad ones to vLLM as failed
+    loads, and the request (with the blocks to redo) in its stats."""
+    import queue
+    from types import SimpleNamespace
+
+    import torch
+
+    from kvtransfer import connector, integrity
+
+    def fake_init(self, worker: object, scheduler: object = None, tp: int = 1) -> None:
+        self.connector_worker, self.connector_scheduler = worker, scheduler
+        self._connector_metadata = None
+        self._kv_transfer_config = SimpleNamespace(kv_connector_extra_config={"saaf_integrity": True})
+        self._vllm_config = SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=tp))
+
+    caches = {f"l{i}": torch.randn(2, 8, 2, 16, 4) for i in range(2)}
+    monkeypatch.setattr(integrity, "LOCAL", integrity._Local())
+    integrity.register(caches, 8, 1)
+    digests = integrity.block_digests(caches, [3, 5, 6], 8)  # as if the prefill wrote these; pulled into 3, 5, 6
+    monkeypatch.setattr(connector._VllmNixlConnector, "__init__", fake_init)
+    monkeypatch.setattr(connector._VllmNixlConnector, "build_connector_meta",
+                        lambda self, out: SimpleNamespace(reqs_to_recv={
+                            "d1": SimpleNamespace(local_block_ids=[[3, 5, 6]]),
+                            "d2": SimpleNamespace(local_block_ids=[[1]])}))
+    monkeypatch.setattr(connector._VllmNixlConnector, "start_load_kv", lambda self, ctx, **kw: None)
+    monkeypatch.setattr(connector._VllmNixlConnector, "get_transfer_results",
+                        lambda self, ids: SimpleNamespace(finished_recving={"d1", "d2"}, finished_sending=set()))
+    monkeypatch.setattr(connector._VllmNixlConnector, "get_kv_connector_stats", lambda self: None)
+    monkeypatch.setattr(connector.side_channel, "harden", lambda scheduler: None)
+    params = {"do_remote_prefill": True, "tp_size": 1, integrity.DIGEST: digests}
+    sched = SimpleNamespace(_reqs_need_recv={"d1": (SimpleNamespace(kv_transfer_params=params), [], (), True),
+                                             "d2": (SimpleNamespace(kv_transfer_params={"tp_size": 1}), [], (), True)})
+    meta = connector.NixlConnector(None, sched).build_connector_meta(None)
+    assert meta.saaf_checks == {"d1": (digests, False)}  # d2 has no digest: nothing to check
+    # NOTE: a decode engine of another TP size holds other slices of the heads: it compares nothing
+    monkeypatch.setattr(connector._VllmNixlConnector, "__init__", lambda self, w, s=None: fake_init(self, w, s, tp=2))
+    assert not hasattr(connector.NixlConnector(None, sched).build_connector_meta(None), "saaf_checks")
+    monkeypatch.setattr(connector._VllmNixlConnector, "__init__", fake_init)
+
+    worker = SimpleNamespace(_read_blocks=lambda **kw: None, _invalid_block_ids=queue.Queue())
+    conn = connector.NixlConnector(worker)
+    conn._connector_metadata = meta
+    conn.start_load_kv(None)
+    caches["l1"][1, 5, 0, 0, 0] += 1  # block 5 changed between the prefill's write and the decode's check
+    conn.get_transfer_results(set())
+    assert worker._invalid_block_ids.get_nowait() == {5}
+    stats = conn.get_kv_connector_stats()
+    assert stats.data[integrity.MISMATCH] == [["d1", 2]]  # recomputed from block 5 on: 2 of the 3 pulled blocks
+    assert not conn.get_kv_connector_stats()  # reported once
