@@ -30,7 +30,7 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Goodput: colocated vs disaggregated", ("goodput", "cpu-colocated-vs-disaggregated")),
     ("Admission, routing & ingress", ("admission", "router", "ingress")),
     ("Batching & optimisations", ("batching", "optimizations", "speculation")),
-    ("KV transfer", ("kvtransfer",)),
+    ("KV transfer", ("kvtransfer", "kv-integrity")),
     ("Placement & prediction validation", ("placement", "prediction", "replan")),
 )
 OTHER = "Other"
@@ -43,6 +43,7 @@ TITLES = {
     "goodput-paired-0.5": "Paired 0.5 req/s check, disaggregated only: auto vs always, five seeds",
     "goodput-tpotbatch-0.5": "0.5 req/s check: auto, always and colocated, five seeds",
     "goodput-tpotbatch-1.5": "1.5 req/s check: auto, five seeds",
+    "kv-integrity-cpu": "What transfer.integrity costs: TTFT and KV transfer with the check off and on",
     "ingress-overhead-cpu": "What the HTTP ingress and router add over prefill -> KV transfer -> decode",
     "placement-bench": "Placement planner: time to plan by cluster size",
     "router-sim": "Router policies in the placement simulator on one bursty trace",
@@ -148,6 +149,9 @@ def headline(obj: dict) -> str:
     if "refused_429" in summary and "met_slo" in summary:
         parts.append(f"{summary['runs']} starts: {summary['met_slo']}/{summary['requests']} met the SLO, "
                      f"{summary['refused_429']} refused")
+    cells = {k: v for k, v in summary.items() if isinstance(v, dict) and "checked_ok" in v}
+    if cells:
+        parts.append("TTFT p50 " + ", ".join(f"{k} {v.get('ttft_s_p50')} s" for k, v in sorted(cells.items())))
     counts: dict[str, list[int]] = {}
     for mode, by_rate in _dict(obj.get("outcomes")).items():
         for out in _dict(by_rate).values():
