@@ -154,6 +154,8 @@ class DecodeWorker(EngineHost):
             memory=h.memory,
             outcome=outcome,
             integrity=checked,
+            prefill_tp=int(h.kv_transfer_params.get("tp_size") or 1),
+            decode_tp=self.tp,
         )
         if outcome == "failed":
             await gen.aclose()

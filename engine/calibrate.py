@@ -175,14 +175,15 @@ def machine_key(model_name: str, dtype: str, threads: int, device: str, engine: 
 def engine_fingerprint(vllm_config: Any) -> str:
     """12 hex digits over what makes one engine's steps slower or faster than another's on the same
     machine: step budget, chunked prefill, batch and context limits, block size, KV dtype, eager mode,
-    speculation, and the model files (config.json's bytes, each weight file's name and size)."""
+    speculation, TP and PP sizes, and the model files (config.json's bytes, each weight file's name and size)."""
     import hashlib
     from pathlib import Path
 
     sc, cc, mc = vllm_config.scheduler_config, vllm_config.cache_config, vllm_config.model_config
     spec = getattr(vllm_config, "speculative_config", None)
     parts = [sc.max_num_batched_tokens, sc.enable_chunked_prefill, sc.max_num_seqs, cc.block_size, cc.cache_dtype,
-             mc.max_model_len, mc.enforce_eager, getattr(spec, "method", None), getattr(spec, "num_speculative_tokens", None)]
+             mc.max_model_len, mc.enforce_eager, getattr(spec, "method", None), getattr(spec, "num_speculative_tokens", None),
+             vllm_config.parallel_config.tensor_parallel_size, vllm_config.parallel_config.pipeline_parallel_size]
     h = hashlib.sha256(repr(parts).encode())
     root = Path(str(mc.model))
     files = sorted(root.iterdir()) if root.is_dir() else [root] if root.is_file() else []

@@ -27,7 +27,7 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SIZE = 98_362_432
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MANIFEST = "saaf-manifest.json"
-TINY_VERSION = 2
+TINY_VERSION = 3
 
 
 class ModelError(Exception):
@@ -181,11 +181,12 @@ def _build_tiny(gguf: Path, dest: Path, source: dict) -> Path:
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
     config = LlamaConfig(
         vocab_size=len(tok),
-        hidden_size=128,  # NOTE: vLLM's CPU attention kernels need head_dim >= 32; this gives 64
+        hidden_size=128,
         intermediate_size=256,
         num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+        # NOTE: 4 query and 2 KV heads (head_dim 32, the CPU kernels' least): splits at TP 2 either way
+        num_attention_heads=4,
+        num_key_value_heads=2,
         max_position_embeddings=2048,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,

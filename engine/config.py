@@ -74,8 +74,9 @@ class EngineConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
-        if self.device == "cpu" and (self.tensor_parallel_size > 1 or self.pipeline_parallel_size > 1):
-            raise ValueError("tensor/pipeline parallelism needs device 'cuda'; on CPU set both to 1")
+        if self.device == "cpu" and self.pipeline_parallel_size > 1:
+            raise ValueError("pipeline parallelism needs device 'cuda'; on CPU set pipeline_parallel_size to 1 "
+                             "(tensor parallelism runs on CPU, one process per rank)")
         return self
 
     def core_in_thread(self) -> bool:
@@ -123,7 +124,9 @@ class EngineConfig(BaseModel):
             kw.update(
                 dtype="float32" if self.dtype == "auto" else self.dtype,
                 enforce_eager=True,
-                distributed_executor_backend="uni",
+                # NOTE: TP > 1 on CPU: vLLM's multiprocessing executor, one process per rank (gloo); its
+                # Ray executor has no CPU device key, and `uni` starts rank 0 only
+                distributed_executor_backend="mp" if self.tensor_parallel_size > 1 else "uni",
                 kv_cache_memory_bytes=(self.kv_cache_mib or 256) << 20,
             )
         else:

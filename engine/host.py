@@ -37,6 +37,7 @@ class EngineHost:
     """Base of the worker actors. ``role`` is prefill, decode or colocated."""
 
     role = "colocated"
+    tp = 1  # tensor-parallel ranks of its engine (set once the engine is up)
 
     def __init__(
         self,
@@ -105,6 +106,7 @@ class EngineHost:
         self.block_size = vc.cache_config.block_size
         self.num_gpu_blocks = vc.cache_config.num_gpu_blocks or 0
         self.block_bytes = self._block_bytes(vc)
+        self.tp = vc.parallel_config.tensor_parallel_size
         self.max_model_len = vc.model_config.max_model_len
         now = time.monotonic()
         self.startup_s = {"before_vllm": round(t_import - self._started, 2), "vllm_import": round(t_engine - t_import, 2),
@@ -132,8 +134,11 @@ class EngineHost:
 
         dtype = vc.cache_config.cache_dtype
         elem = torch.tensor([], dtype=mc.dtype).element_size() if dtype == "auto" else 1
-        layers = mc.get_num_layers(vc.parallel_config)
-        kv_heads = mc.get_num_kv_heads(vc.parallel_config)
+        # NOTE: the whole engine's block, every rank's share: vLLM's counts are per TP rank and PP stage, and
+        # a decode engine of another TP size pulls all of it (from one rank or several)
+        pc = vc.parallel_config
+        layers = mc.get_num_layers(pc) * pc.pipeline_parallel_size
+        kv_heads = mc.get_num_kv_heads(pc) * pc.tensor_parallel_size
         return 2 * layers * kv_heads * mc.get_head_size() * vc.cache_config.block_size * elem
 
     async def info(self) -> dict[str, Any]:

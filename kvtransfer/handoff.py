@@ -84,6 +84,8 @@ class TransferTelemetry:
     extra: dict[str, Any] = field(default_factory=dict)
     decode_queue_s: float = 0.0  # decode submit -> the decode engine starts the pull (its queue)
     integrity: str = ""  # transfer.integrity: "ok", "mismatch" (blocks recomputed or request failed), "unchecked"
+    prefill_tp: int = 1  # tensor-parallel ranks of the prefill engine the KV came from (each sent its heads)
+    decode_tp: int = 1  # ... and of the decode engine that pulled it
 
     @property
     def recomputed(self) -> bool:

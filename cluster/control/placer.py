@@ -53,7 +53,9 @@ def engine_shape(device: str, tp: int, pp: int, gpu_fraction: float, worker_cpus
     """Bundles of one engine: the actor's CPUs in bundle 0; on GPU one GPU bundle per rank."""
     cpus = max(worker_cpus, MIN_BUNDLE_CPU)
     if device != "cuda":
-        return EngineShape([{"CPU": cpus}], "STRICT_PACK", worker_cpus, 0.0)
+        # NOTE: a CPU engine of TP > 1 runs one process per rank on the actor's node (vLLM's mp executor):
+        # the actor's bundle reserves CPUs for all of them
+        return EngineShape([{"CPU": cpus * tp}], "STRICT_PACK", worker_cpus * tp, 0.0)
     world = tp * pp
     if world == 1:
         return EngineShape([{"CPU": cpus, "GPU": gpu_fraction}], "STRICT_PACK", worker_cpus, gpu_fraction)

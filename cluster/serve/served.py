@@ -16,6 +16,8 @@ the header ``x-saaf-served``, one element per completion (HTTP list syntax, comm
   delivered: it computes the last prompt token to sample from it); ``kv_integrity`` (with
   `transfer.integrity: true`): ``ok``, ``mismatch`` (the pulled blocks differed from the prefill's digest:
   recomputed, so the answer is still right) or ``unchecked``.
+- ``tp``: ``P:D``, the tensor-parallel sizes of the prefill and decode engines (``2:1``: the decode engine
+  pulled each block's heads from both prefill ranks).
 - ``attempts``: workers tried (more than 1 when one died and the request was retried or migrated).
 
 A stream's headers go out with its first event, before its transfer may have run (the prefill engine's
@@ -56,6 +58,7 @@ class LegServed:
     kv_gbps: float | None = None
     decode_computed: int | None = None
     kv_integrity: str | None = None  # transfer.integrity: ok | mismatch | unchecked
+    tp: str | None = None  # "P:D", the prefill and decode engines' TP sizes (different: heads remapped)
     attempts: int = 1
 
     def header_element(self) -> str:
@@ -80,7 +83,8 @@ def leg_served(index: int, leg: Any, colocated: bool) -> LegServed:
     secs = t.transfer_wait_s
     return LegServed(index, "remote", why or None, t.prefill_worker, t.decode_worker, t.outcome, t.kv_bytes,
                      round(secs * 1e3, 2), round(t.kv_bytes / secs / 1e9, 4) if secs > 0 else None,
-                     t.decode_computed_prompt_tokens, t.integrity or None, leg.attempts)
+                     t.decode_computed_prompt_tokens, t.integrity or None, f"{t.prefill_tp}:{t.decode_tp}",
+                     leg.attempts)
 
 
 def request_served(contexts: list[RequestContext], colocated: bool) -> list[LegServed]:

@@ -46,7 +46,10 @@ def deployment_started(ray_session):
         "mode": "disaggregated",
         "engine": {"model": "smollm2", "kv_cache_mib": 128, "max_model_len": 1024},
         "pools": {"prefill": 1, "decode": 1},
-        "transfer": {"transfer_timeout_s": 20, "kv_lease_s": 10},
+        # NOTE: the KV integrity check on (opt-in for users): every transfer of the suite is checked, so a
+        # false mismatch anywhere would show as a recompute (test_disagg asserts none); fault injection for
+        # test_kv_integrity, which corrupts one pull on purpose
+        "transfer": {"transfer_timeout_s": 20, "kv_lease_s": 10, "integrity": True, "fault_injection": True},
         # NOTE: admission off here (the default is goodput with admission): these tests compare outputs and
         # faults and must see every request served; test_admission runs a goodput ingress on these pools.
         "router": {"policy": "least_loaded"},

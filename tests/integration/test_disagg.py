@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,6 +10,7 @@ import httpx
 import pytest
 import ray
 
+from tests.helpers import sse
 from tests.helpers.engines import generate, params, token_ids
 
 pytestmark = pytest.mark.integration
@@ -32,15 +32,8 @@ def _complete(endpoint: str, model: str, prompt: list[int], max_tokens: int, str
         r = httpx.post(f"{endpoint}/v1/completions", timeout=180, json=body)
         assert r.status_code == 200, r.text
         return r.json()["choices"][0]["token_ids"]
-    ids: list[int] = []
-    with httpx.stream("POST", f"{endpoint}/v1/completions", timeout=180, json=body) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                chunk = json.loads(line[6:])
-                assert "error" not in chunk, chunk
-                ids += [t for c in chunk["choices"] for t in (c.get("token_ids") or [])]
-    return ids
+    return [t for chunk in sse.chunks(f"{endpoint}/v1/completions", body) for c in chunk["choices"]
+            for t in (c.get("token_ids") or [])]
 
 
 def _colocated(worker, prompt: list[int], max_tokens: int, rid: str) -> list[int]:

@@ -1,5 +1,5 @@
-"""Issue 40: KV integrity (transfer.integrity). On a deployment of its own with the check on: clean pulls pass
-it; a pulled block corrupted on purpose (transfer.fault_injection) is caught by the decode engine, its
+"""Issue 40: KV integrity (transfer.integrity). On the session's deployment, which runs with the check on:
+clean pulls pass it; a pulled block corrupted on purpose (transfer.fault_injection) is caught by the decode engine, its
 blocks recomputed, so the client still gets the answer of the clean pull, and the mismatch is counted in
 the response header, /metrics and the decode worker's counters."""
 
@@ -12,33 +12,9 @@ import httpx
 import pytest
 import ray
 
-from kvtransfer.config import free_port
 from tests.helpers.engines import generate, params, token_ids
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def checked(ray_session):
-    from cluster.config import parse_config
-    from cluster.control import lifecycle
-    from cluster.control.lifecycle import controller_name
-
-    cfg = parse_config({
-        "name": "integrity", "mode": "disaggregated",
-        "engine": {"model": "smollm2", "kv_cache_mib": 64, "max_model_len": 1024},
-        "pools": {"prefill": 1, "decode": 1},
-        "transfer": {"integrity": True, "fault_injection": True, "transfer_timeout_s": 30},
-        "router": {"policy": "least_loaded"},  # NOTE: every prompt goes prefill -> KV -> decode
-        "serve": {"port": free_port(), "route_prefix": "/integrity", "request_timeout_s": 120},
-        "ray": {"namespace": "saaf-test"},
-    })
-    info = lifecycle.start(cfg, ready_timeout_s=600)
-    ctl = ray.get_actor(controller_name(info["config"]), namespace="saaf-test")
-    _, members = ray.get(ctl.members.remote(), timeout=30)
-    decode = next(h for _, role, h, _ in members if role == "decode")
-    yield info, decode
-    lifecycle.stop(info["config"])
 
 
 def _served(r: httpx.Response) -> dict[str, str]:
@@ -61,9 +37,10 @@ def _complete(endpoint: str, model: str, prompt: list[int]) -> httpx.Response:
     return r
 
 
-def test_clean_pulls_pass_and_a_corrupted_one_is_recomputed_and_counted(checked, colocated_worker) -> None:
-    info, decode = checked
-    endpoint, model = info["endpoint"], info["model"]
+def test_clean_pulls_pass_and_a_corrupted_one_is_recomputed_and_counted(endpoint, model_name, workers,
+                                                                         colocated_worker) -> None:
+    decode = next(h for role, h in workers.values() if role == "decode")
+    model = model_name
     rng = random.Random(7)
     prompts = [[rng.randrange(200, 40000) for _ in range(n)] for n in (300, 129, 700)]
     for p in prompts:
@@ -86,10 +63,3 @@ def test_clean_pulls_pass_and_a_corrupted_one_is_recomputed_and_counted(checked,
     # armed for one pull only: the next is clean again
     s = _served(_complete(endpoint, model, [bad[0] + 1] + bad[1:]))
     assert (s["kv"], s["kv_integrity"]) == ("ok", "ok"), s
-
-
-def test_fault_injection_is_refused_where_it_is_off(workers) -> None:
-    """The session's deployment has transfer.fault_injection off (the default)."""
-    decode = next(h for role, h in workers.values() if role == "decode")
-    with pytest.raises(ray.exceptions.RayTaskError, match="fault injection is off"):
-        ray.get(decode.inject_kv_corruption.remote(1), timeout=30)

@@ -256,17 +256,19 @@ def test_the_cache_key_changes_with_the_engine_settings_and_the_model_files(tmp_
     (model / "config.json").write_text('{"hidden_size": 64}')
     (model / "model.safetensors").write_bytes(b"x" * 100)
 
-    def vc(budget: int = 2048, block: int = 16) -> SimpleNamespace:
+    def vc(budget: int = 2048, block: int = 16, tp: int = 1) -> SimpleNamespace:
         return SimpleNamespace(
             scheduler_config=SimpleNamespace(max_num_batched_tokens=budget, enable_chunked_prefill=True, max_num_seqs=64),
             cache_config=SimpleNamespace(block_size=block, cache_dtype="auto"),
             model_config=SimpleNamespace(model=str(model), max_model_len=2048, enforce_eager=True),
+            parallel_config=SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=1),
             speculative_config=None)
 
     base = sampler.engine_fingerprint(vc())
     assert base == sampler.engine_fingerprint(vc()) and len(base) == 12
     assert sampler.engine_fingerprint(vc(budget=512)) != base
     assert sampler.engine_fingerprint(vc(block=32)) != base
+    assert sampler.engine_fingerprint(vc(tp=2)) != base  # NOTE: a CPU engine of TP 2 steps at another speed
     (model / "model.safetensors").write_bytes(b"x" * 101)  # other weights
     assert sampler.engine_fingerprint(vc()) != base
     key = sampler.machine_key("smollm2", "float32", 1, "cpu", base)

@@ -35,7 +35,7 @@ def test_embedded_default_is_disaggregated_1p1d():
     ({"serve": {"port": 70000}}, "serve.port"),
     ({"pools": "auto"}, "planner"),
     ({"transfer": {"failure_policy": "retry"}}, "transfer.failure_policy"),
-    ({"engine": {"device": "cpu", "tensor_parallel_size": 2}}, "tensor/pipeline parallelism needs device"),
+    ({"engine": {"device": "cpu", "pipeline_parallel_size": 2}}, "pipeline parallelism needs device 'cuda'"),
     ({"planner_loop": {"mode": "auto"}}, "planner_loop.mode"),
     ({"planner_loop": {"min_decode": 3, "max_decode": 2}}, "min_decode=3 > max_decode=2"),
     ({"planner_loop": {"interval_s": 0.1}}, "planner_loop.interval_s"),

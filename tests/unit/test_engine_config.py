@@ -35,5 +35,12 @@ def test_auto_device_must_be_resolved_first():
 def test_bad_values_name_the_field():
     with pytest.raises(ValidationError, match="max_model_len"):
         EngineConfig(max_model_len=0)
-    with pytest.raises(ValidationError, match="tensor/pipeline parallelism needs device"):
+    with pytest.raises(ValidationError, match="pipeline parallelism needs device 'cuda'"):
         EngineConfig(device="cpu", pipeline_parallel_size=2)
+
+
+def test_cpu_tensor_parallelism_runs_one_process_per_rank():
+    """vLLM's CPU backend runs TP across processes (its mp executor, gloo); `uni` would start rank 0 only."""
+    assert EngineConfig(device="cpu", tensor_parallel_size=2).engine_kwargs("/m", "m")[
+        "distributed_executor_backend"] == "mp"
+    assert EngineConfig(device="cpu").engine_kwargs("/m", "m")["distributed_executor_backend"] == "uni"

@@ -75,3 +75,16 @@ def test_bfloat16_caches_are_hashed_by_their_bytes() -> None:
     integrity.corrupt_block(caches, 0, 6)
     after = integrity.block_digests(caches, [0, 1], 6)
     assert after[0] != before[0] and after[1] == before[1]
+
+
+def test_fault_injection_is_refused_where_it_is_off() -> None:
+    from decode.worker import DecodeWorker
+    from engine.host import EngineError
+    from kvtransfer.config import TransferConfig
+
+    w = object.__new__(DecodeWorker)
+    w.transfer_cfg = TransferConfig()  # the default: off
+    with pytest.raises(EngineError, match="fault injection is off"):
+        w.inject_kv_corruption(1)
+    w.transfer_cfg = TransferConfig(fault_injection=True)
+    assert w.inject_kv_corruption(2) == 2 and w._corrupt_next == 2

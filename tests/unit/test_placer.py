@@ -20,6 +20,11 @@ def test_cpu_engine_is_one_cpu_bundle():
     assert (s.actor_cpus, s.actor_gpus) == (1.5, 0.0)
 
 
+def test_cpu_engine_of_tp2_reserves_cpus_for_both_rank_processes():
+    s = placer.engine_shape("cpu", 2, 1, 1.0, 1.0)
+    assert s.bundles == [{"CPU": 2.0}] and (s.actor_cpus, s.actor_gpus) == (2.0, 0.0)
+
+
 def test_zero_cpu_worker_still_gets_a_valid_bundle():
     s = placer.engine_shape("cpu", 1, 1, 1.0, 0.0)
     assert s.bundles[0]["CPU"] > 0 and s.actor_cpus == 0.0

@@ -31,7 +31,7 @@ def test_remote_leg_reports_its_transfer_from_the_telemetry_not_the_routing() ->
     assert (s.path, s.why, s.prefill, s.decode, s.kv) == ("remote", "policy", "prefill-1", "decode-0", "ok")
     assert (s.kv_bytes, s.kv_ms, s.kv_gbps, s.decode_computed) == (2_000_000, 4.0, 0.5, 1)
     assert s.header_element() == ("index=0; path=remote; why=policy; prefill=prefill-1; decode=decode-0; kv=ok; "
-                                  "kv_bytes=2000000; kv_ms=4.0; kv_gbps=0.5; decode_computed=1; attempts=1")
+                                  "kv_bytes=2000000; kv_ms=4.0; kv_gbps=0.5; decode_computed=1; tp=1:1; attempts=1")
 
 
 def test_recompute_and_other_paths() -> None:
