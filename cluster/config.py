@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -474,10 +475,11 @@ def resolve_api_keys(cfg: DeployConfig) -> tuple[DeployConfig, str | None]:
 
 
 def check_model(cfg: DeployConfig) -> None:
-    from engine.models import ALIASES
+    from engine.models import ALIASES, HEADS
 
     m = cfg.engine.model
     if m.lower() in ALIASES:
+        check_tp_split(cfg, *HEADS[ALIASES[m.lower()]])
         return
     if not Path(m).expanduser().is_dir():
         raise ConfigError(
@@ -486,3 +488,26 @@ def check_model(cfg: DeployConfig) -> None:
         )
     if not (Path(m).expanduser() / "config.json").is_file():
         raise ConfigError(f"engine.model: {m!r} has no config.json; is it a Hugging Face model dir?")
+    try:
+        hf = json.loads((Path(m).expanduser() / "config.json").read_text())
+        heads = int(hf.get("num_attention_heads") or (hf.get("text_config") or {}).get("num_attention_heads") or 0)
+        kv = int(hf.get("num_key_value_heads") or (hf.get("text_config") or {}).get("num_key_value_heads") or heads)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return  # NOTE: vLLM reads it at start and says what is wrong
+    if heads:
+        check_tp_split(cfg, heads, kv)
+
+
+def check_tp_split(cfg: DeployConfig, heads: int, kv_heads: int) -> None:
+    """Every pool's TP size divides the model's attention heads (and its KV heads, or is a multiple of them,
+    which vLLM then replicates): before any engine starts, not as an engine start failing."""
+    pools = cfg.pools if isinstance(cfg.pools, PoolSizes) else None
+    tps = {"engine.tensor_parallel_size": cfg.engine.tensor_parallel_size}
+    if pools is not None:
+        tps.update({f"pools.{r}_tp": t for r in ("prefill", "decode") if (t := getattr(pools, f"{r}_tp"))})
+    for field, tp in tps.items():
+        kv_ok = kv_heads % tp == 0 if kv_heads >= tp else tp % kv_heads == 0
+        if heads % tp or not kv_ok:
+            fits = [d for d in range(1, heads + 1) if heads % d == 0 and (kv_heads % d == 0 or d % kv_heads == 0)]
+            raise ConfigError(f"{field}: {tp} ranks cannot split {cfg.engine.model!r} ({heads} attention heads, "
+                              f"{kv_heads} KV heads); use one of {fits}")

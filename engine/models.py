@@ -24,6 +24,10 @@ ALIASES = {
 }
 
 
+# (attention heads, KV heads) of the bundled models, known before they are prepared
+HEADS = {BUNDLED: (9, 3), BUNDLED_W8A8: (9, 3), TINY: (4, 2)}
+
+
 def served_name(spec: str) -> str:
     """The model name clients use in requests (OpenAI ``model`` field)."""
     canonical = ALIASES.get(spec.lower())

@@ -160,3 +160,19 @@ def test_the_deploy_time_planner_plans_the_speculation_the_decode_pool_runs(tmp_
     with pytest.raises(ConfigError, match="planner.speculation.tokens=4 but the decode engines speculate 3"):
         plan_for(_auto_deploy(tmp_path / "d", None, None, planner_extra={
             "speculation": {"tokens": 4, "acceptance": 0.7}}, **spec))
+
+
+def test_a_tp_size_that_cannot_split_the_heads_is_a_config_error(tmp_path):
+    """SmolLM2-135M has 9 attention heads and 3 KV heads: TP 2 is refused before any engine starts, and the
+    message names the field and the sizes that split it; the tiny Llama (4 / 2) splits at 2."""
+    with pytest.raises(ConfigError, match=r"pools.prefill_tp: 2 ranks cannot split 'smollm2' \(9 attention heads, "
+                                          r"3 KV heads\); use one of \[1, 3, 9\]"):
+        load_config(_write(tmp_path, {"engine": {"model": "smollm2"}, "pools": {"prefill_tp": 2}}))
+    cfg = load_config(_write(tmp_path, {"engine": {"model": "tiny-llama"}, "pools": {"prefill_tp": 2}}))
+    assert cfg.pools.prefill_tp == 2
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text('{"num_attention_heads": 8, "num_key_value_heads": 2}')
+    load_config(_write(tmp_path, {"engine": {"model": str(model)}, "pools": {"decode_tp": 4}}))  # KV replicated
+    with pytest.raises(ConfigError, match=r"pools.decode_tp: 3 ranks .* use one of \[1, 2, 4, 8\]"):
+        load_config(_write(tmp_path, {"engine": {"model": str(model)}, "pools": {"decode_tp": 3}}))
