@@ -10,7 +10,9 @@ the endpoint (the ingress replica's own HTTP server, `serve.direct`, the default
 NIXL -> decode worker), (b) the same through Ray Serve's proxy (the path with `serve.direct: false`), and
 (c) the same two actor calls the ingress makes, called directly: the prefill worker's `prefill` (its
 first token is the client's) and the decode worker's `decode_stream` from prompt + that token. TTFT = send
--> first token; E2E = send -> last token. Prints p50/p90 of each and the p50 differences to (c); with
+-> first token; E2E = send -> last token. Prints p50/p90 of each and the p50 differences to (c), and for
+(a) and (b) where the time to first token went, from each response's own `x-saaf-served` stage times
+(render, admit, prefill worker, routed -> first token; the hops and the client's HTTP by difference); with
 --out, writes them with date, commit and machine. Measured figures only; asserts nothing.
 """
 
@@ -24,18 +26,35 @@ import time
 
 import httpx
 
+STAGES = ("render_ms", "admit_ms", "prefill_ms", "first_ms")
 
-def _http(client: httpx.Client, url: str, model: str, prompt: list[int], max_tokens: int) -> tuple[float, float]:
+
+def _http(client: httpx.Client, url: str, model: str, prompt: list[int], max_tokens: int
+          ) -> tuple[float, float, dict[str, float]]:
+    """(TTFT, E2E, the response's own x-saaf-served stage times in ms)."""
     t0 = time.perf_counter()
     first = None
     with client.stream("POST", f"{url}/v1/completions", json={
             "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True}) as r:
         r.raise_for_status()
+        served = dict(kv.strip().split("=", 1) for kv in r.headers.get("x-saaf-served", "").split(";") if "=" in kv)
         for line in r.iter_lines():
             if first is None and line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
                 first = time.perf_counter() - t0
-    return first or float("nan"), time.perf_counter() - t0
+    return first or float("nan"), time.perf_counter() - t0, {k: float(served[k]) for k in STAGES if k in served}
+
+
+def _stages(rows: list[dict[str, float]], ttft_s: list[float]) -> dict[str, float]:
+    """p50 of each stage of the time to first token, and of what the stages leave out: the hops to and
+    from the prefill worker (first - prefill) and the client's side (TTFT - render - admit - first: the HTTP
+    request and the first chunk's way back)."""
+    out = {f"{k}_p50": statistics.median(r[k] for r in rows) for k in STAGES if rows and all(k in r for r in rows)}
+    if len(out) == len(STAGES):
+        out["hops_ms_p50"] = statistics.median(r["first_ms"] - r["prefill_ms"] for r in rows)
+        out["client_http_ms_p50"] = statistics.median(
+            t * 1e3 - r["render_ms"] - r["admit_ms"] - r["first_ms"] for r, t in zip(rows, ttft_s, strict=True))
+    return out
 
 
 def _actors(prefill, decode, rid: str, prompt: list[int], max_tokens: int) -> tuple[float, float]:
@@ -95,7 +114,7 @@ def main() -> int:
         decode = next(h for _, role, h, _ in members if role == "decode")
         prompt = [100 + (i * 31) % 5000 for i in range(a.prompt_tokens)]
         paths = {"endpoint (direct ingress)": info["endpoint"], "Serve proxy": f"http://127.0.0.1:{proxy}"}
-        got: dict[str, list[tuple[float, float]]] = {k: [] for k in [*paths, "actors called directly"]}
+        got: dict[str, list[tuple]] = {k: [] for k in [*paths, "actors called directly"]}
         with httpx.Client(timeout=60) as client:
             for i in range(a.n + 3):
                 for path, url in paths.items():
@@ -113,12 +132,16 @@ def main() -> int:
                              "e2e_p50_ms": _q(e2e, .5) * 1e3, "e2e_p90_ms": _q(e2e, .9) * 1e3,
                              "ttft_p50_added_ms": (statistics.median(ttft) - statistics.median(x[0] for x in base)) * 1e3,
                              "e2e_p50_added_ms": (statistics.median(e2e) - statistics.median(x[1] for x in base)) * 1e3}
+            if path in paths:
+                figures[path]["stages"] = _stages([x[2] for x in xs], ttft)
         print(f"model {info['model']}, prompt {a.prompt_tokens} tokens, {a.max_tokens} output tokens, "
               f"{a.n} requests per path (prefill -> NIXL -> decode)")
         for path, f in figures.items():
             print(f"{path:<27} TTFT p50 {f['ttft_p50_ms']:8.2f} ms  p90 {f['ttft_p90_ms']:8.2f} ms   "
                   f"E2E p50 {f['e2e_p50_ms']:8.2f} ms  p90 {f['e2e_p90_ms']:8.2f} ms   added p50: TTFT "
                   f"{f['ttft_p50_added_ms']:+7.2f} ms, E2E {f['e2e_p50_added_ms']:+7.2f} ms")
+            if f.get("stages"):
+                print(f"{'':<27} TTFT by stage, p50 ms: " + ", ".join(f"{k} {v:.1f}" for k, v in f["stages"].items()))
         if a.out:
             write_artefact(a.out, prov, {"settings": {"model": info["model"], "n": a.n,
                                                       "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_tokens},

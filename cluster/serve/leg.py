@@ -92,6 +92,7 @@ class Leg:
         self.decision: RouteDecision | None = None
         self.transfer: TransferTelemetry | None = None  # the latest KV pull's, as its decode worker reported it
         self.attempts = 0  # workers tried (a retry or migration is one more)
+        self.prefill_s: float | None = None  # the prefill worker's own time for the latest remote prefill
         self.routed_at = 0.0
         self.first_token_at: float | None = None
         self.tokens = 0
@@ -238,6 +239,7 @@ class Leg:
         carry = first_token_carries(params)
         pre = await self._prefill(dec.prefill, rid, ids, params, dec.decode, carry)
         self.svc.metrics.prefill.observe(pre.handoff.prefill_s)
+        self.prefill_s = pre.handoff.prefill_s
         handle = self._handle(dec.decode)
         handoff = self._offer_siblings(dec.decode, handle, pre.handoff)
         first = pre.output

@@ -19,6 +19,11 @@ the header ``x-saaf-served``, one element per completion (HTTP list syntax, comm
 - ``tp``: ``P:D``, the tensor-parallel sizes of the prefill and decode engines (``2:1``: the decode engine
   pulled each block's heads from both prefill ranks).
 - ``attempts``: workers tried (more than 1 when one died and the request was retried or migrated).
+- where the time to the first token went, in ms: ``render_ms`` (the request body at the ingress -> rendered
+  and validated by vLLM's serving layer), ``admit_ms`` (-> routed, the router's queue included),
+  ``prefill_ms`` (the prefill worker's own time: its engine's queue and the prefill; remote path only) and
+  ``first_ms`` (routed -> the first token back at the ingress: Ray hops, prefill, and on a local path the
+  decode engine's prefill). ``first_ms - prefill_ms`` is what the hops to and from the prefill worker cost.
 
 A stream's headers go out with its first event, before its transfer may have run (the prefill engine's
 first token can reach the client first), so its header carries the route; the KV figures are in the final
@@ -32,7 +37,9 @@ request context (cluster/serve/context.py SERVED) and holds the response's start
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -60,13 +67,32 @@ class LegServed:
     kv_integrity: str | None = None  # transfer.integrity: ok | mismatch | unchecked
     tp: str | None = None  # "P:D", the prefill and decode engines' TP sizes (different: heads remapped)
     attempts: int = 1
+    # where the time to its first token went, ms (None where it does not apply)
+    render_ms: float | None = None  # the request body at the ingress -> rendered and validated (vLLM's layer)
+    admit_ms: float | None = None  # -> routed by the router (its queue included)
+    prefill_ms: float | None = None  # the prefill worker's own time (engine queue + prefill), remote path
+    first_ms: float | None = None  # routed -> the first token back at the ingress (Ray hops included)
 
     def header_element(self) -> str:
         return "; ".join(f"{k}={v}" for k, v in asdict(self).items() if v is not None)
 
 
-def leg_served(index: int, leg: Any, colocated: bool) -> LegServed:
-    """`leg` is a cluster.serve.leg.Leg (its decision, transfer telemetry and attempts)."""
+def _ms(a: float | None, b: float | None) -> float | None:
+    return round((b - a) * 1e3, 1) if a is not None and b is not None else None
+
+
+def leg_served(index: int, leg: Any, colocated: bool, arrived: float | None = None,
+               created: float | None = None) -> LegServed:
+    """`leg` is a cluster.serve.leg.Leg (its decision, transfer telemetry, attempts and times); `arrived` when
+    its request reached this middleware and `created` when its job was made (time.monotonic())."""
+    routed = leg.routed_at or None
+    timing = {"render_ms": _ms(arrived, created), "admit_ms": _ms(created, routed),
+              "prefill_ms": round(leg.prefill_s * 1e3, 1) if leg.prefill_s is not None else None,
+              "first_ms": _ms(routed, leg.first_token_at)}
+    return dataclasses.replace(_route(index, leg, colocated), **timing)
+
+
+def _route(index: int, leg: Any, colocated: bool) -> LegServed:
     dec = leg.decision
     if dec is None:
         return LegServed(index, "unrouted", None, None, None, attempts=leg.attempts)
@@ -87,13 +113,13 @@ def leg_served(index: int, leg: Any, colocated: bool) -> LegServed:
                      leg.attempts)
 
 
-def request_served(contexts: list[RequestContext], colocated: bool) -> list[LegServed]:
+def request_served(contexts: list[RequestContext], colocated: bool, arrived: float | None = None) -> list[LegServed]:
     """Every completion of the request, in order: the jobs of each serving call, their legs."""
     out: list[LegServed] = []
     for ctx in contexts:
         for job in ctx.jobs:
             for leg in job.legs:
-                out.append(leg_served(len(out), leg, colocated))
+                out.append(leg_served(len(out), leg, colocated, arrived, getattr(job, "t0", None)))
     return out
 
 
@@ -131,6 +157,7 @@ class ServedHeader:
             return
         contexts: list[RequestContext] = []
         token = SERVED.set(contexts)
+        arrived = time.monotonic()
         start: dict | None = None
         sse = False
 
@@ -142,7 +169,7 @@ class ServedHeader:
                           for k, v in msg.get("headers", []))
                 return
             if msg["type"] == "http.response.body":
-                served = request_served(contexts, self.colocated)
+                served = request_served(contexts, self.colocated, arrived)
                 if start is not None:
                     if served:
                         value = ", ".join(s.header_element() for s in served)

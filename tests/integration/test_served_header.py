@@ -45,6 +45,10 @@ def test_completion_header_names_the_path_and_the_bytes_nixl_moved(endpoint, mod
     assert int(served["kv_bytes"]) == after["kv_bytes"] - before["kv_bytes"]  # what NIXL counted, no more
     assert int(served["decode_computed"]) <= 1 and float(served["kv_ms"]) > 0 and float(served["kv_gbps"]) > 0
     assert served["attempts"] == "1"
+    # where its time to first token went: every stage there, the hops the difference of two of them
+    render, admit, prefill, first = (float(served[k]) for k in ("render_ms", "admit_ms", "prefill_ms", "first_ms"))
+    assert render >= 0 and admit >= 0 and 0 < prefill <= first, served
+    assert render + admit + first <= r.elapsed.total_seconds() * 1e3 + 1, (served, r.elapsed)
 
 
 def test_one_token_is_served_by_the_prefill_worker_alone(endpoint, model_name, workers) -> None:

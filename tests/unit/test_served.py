@@ -15,7 +15,8 @@ from kvtransfer.handoff import TransferTelemetry
 
 def _leg(dec: RouteDecision | None, transfer: TransferTelemetry | None = None, max_tokens: int = 8,
          attempts: int = 1) -> types.SimpleNamespace:
-    return types.SimpleNamespace(decision=dec, transfer=transfer, attempts=attempts,
+    return types.SimpleNamespace(decision=dec, transfer=transfer, attempts=attempts, routed_at=0.0,
+                                 first_token_at=None, prefill_s=None,
                                  params=types.SimpleNamespace(max_tokens=max_tokens))
 
 
@@ -47,6 +48,17 @@ def test_recompute_and_other_paths() -> None:
     assert leg_served(0, _leg(None), colocated=False).path == "unrouted"
     pending = leg_served(0, _leg(dec), colocated=False)  # a stream's header, before the pull reported
     assert (pending.path, pending.prefill, pending.kv) == ("remote", "prefill-0", None)
+
+
+def test_the_time_to_first_token_is_split_by_stage() -> None:
+    dec = RouteDecision(True, "prefill-0", "decode-0", placement="remote:policy")
+    leg = _leg(dec, _tel())
+    leg.routed_at, leg.first_token_at, leg.prefill_s = 10.050, 10.400, 0.3
+    s = leg_served(0, leg, colocated=False, arrived=10.0, created=10.020)
+    assert (s.render_ms, s.admit_ms, s.prefill_ms, s.first_ms) == (20.0, 30.0, 300.0, 350.0)
+    assert s.header_element().endswith("attempts=1; render_ms=20.0; admit_ms=30.0; prefill_ms=300.0; first_ms=350.0")
+    leg.first_token_at = None  # not there yet: left out, not guessed
+    assert "first_ms" not in leg_served(0, leg, colocated=False, arrived=10.0, created=10.020).header_element()
 
 
 def test_usage_field_goes_only_into_the_final_usage_chunk() -> None:
