@@ -54,6 +54,9 @@ def _stages(rows: list[dict[str, float]], ttft_s: list[float]) -> dict[str, floa
         out["hops_ms_p50"] = statistics.median(r["first_ms"] - r["prefill_ms"] for r in rows)
         out["client_http_ms_p50"] = statistics.median(
             t * 1e3 - r["render_ms"] - r["admit_ms"] - r["first_ms"] for r, t in zip(rows, ttft_s, strict=True))
+        # NOTE: issue 39's measure of what is ours: the client's TTFT less the prefill worker's own time
+        out["ttft_minus_prefill_ms_p50"] = statistics.median(
+            t * 1e3 - r["prefill_ms"] for r, t in zip(rows, ttft_s, strict=True))
     return out
 
 

@@ -44,6 +44,7 @@ TITLES = {
     "goodput-tpotbatch-0.5": "0.5 req/s check: auto, always and colocated, five seeds",
     "goodput-tpotbatch-1.5": "1.5 req/s check: auto, five seeds",
     "kv-integrity-cpu": "What transfer.integrity costs: TTFT and KV transfer with the check off and on",
+    "ingress-stages-cpu": "Where a lone request's time to first token goes, stage by stage (x-saaf-served)",
     "ingress-overhead-cpu": "What the HTTP ingress and router add over prefill -> KV transfer -> decode",
     "placement-bench": "Placement planner: time to plan by cluster size",
     "router-sim": "Router policies in the placement simulator on one bursty trace",
