@@ -77,15 +77,23 @@ class LoadStats(NixlKVConnectorStats):
         return self
 
 
-def as_load_stats(stats: KVConnectorStats | None, started: list[str]) -> LoadStats | None:
-    """`stats` (vLLM's, or None) as LoadStats with `started` added; None when there is nothing to report."""
-    if stats is None and not started:
+def as_load_stats(stats: KVConnectorStats | None, started: list[str],
+                  mismatched: list[list] | None = None) -> LoadStats | None:
+    """`stats` (vLLM's, or None) as LoadStats with `started` (and the integrity check's `mismatched`)
+    added; None when there is nothing to report."""
+    if stats is None and not started and not mismatched:
         return None
     out = LoadStats()
     if stats is not None:
         out.aggregate(stats)
     out.data[LOAD_STARTED].extend(started)
+    out.data[integrity.MISMATCH].extend(mismatched or ())
     return out
+
+
+def _trim(d: OrderedDict, keep: int = READERS_KEPT) -> None:
+    while len(d) > keep:
+        d.popitem(last=False)
 
 
 class NixlConnector(_VllmNixlConnector):
@@ -133,14 +141,12 @@ class NixlConnector(_VllmNixlConnector):
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._connector_metadata
         self._readers.update(getattr(meta, "saaf_readers", None) or {})
-        while len(self._readers) > READERS_KEPT:
-            self._readers.popitem(last=False)
+        _trim(self._readers)
         for rid, (digests, corrupt) in (getattr(meta, "saaf_checks", None) or {}).items():
             req = meta.reqs_to_recv.get(rid)
             if req is not None and req.local_block_ids and req.local_block_ids[0]:
                 self._expect[rid] = (list(req.local_block_ids[0]), digests, corrupt)
-        while len(self._expect) > READERS_KEPT:
-            self._expect.popitem(last=False)
+        _trim(self._expect)
         super().start_load_kv(forward_context, **kwargs)
 
     # ---- integrity (kvtransfer/integrity.py) -------------------------------------------------------
@@ -157,8 +163,7 @@ class NixlConnector(_VllmNixlConnector):
             return result
         groups = params.get("remote_block_ids") or []
         if integrity.LOCAL.ready() and len(groups) == 1:
-            params[integrity.DIGEST] = integrity.block_digests(integrity.LOCAL.kv_caches, list(groups[0]),
-                                                               integrity.LOCAL.num_blocks, integrity.LOCAL.per_logical)
+            params[integrity.DIGEST] = integrity.LOCAL.digests(list(groups[0]))
         elif not self._unchecked_logged:
             self._unchecked_logged = True
             logger.warning(
@@ -180,13 +185,12 @@ class NixlConnector(_VllmNixlConnector):
             if expected is None or not integrity.LOCAL.ready():
                 continue
             local, digests, corrupt = expected
-            caches, n, k = integrity.LOCAL.kv_caches, integrity.LOCAL.num_blocks, integrity.LOCAL.per_logical
             if corrupt:  # NOTE: fault injection (transfer.fault_injection): as if the fabric flipped a bit
-                integrity.corrupt_block(caches, local[-1], n, k)
+                integrity.LOCAL.corrupt(local[-1])
                 logger.warning("fault injection: corrupted a pulled KV block of %s", rid)
             if not digests:
                 continue
-            bad = integrity.mismatched(local, digests, integrity.block_digests(caches, local, n, k))
+            bad = integrity.mismatched(local, digests, integrity.LOCAL.digests(local))
             if bad:
                 logger.warning(
                     "KV integrity: %d of %d pulled block(s) of %s differ from what the prefill engine wrote; "
@@ -211,10 +215,6 @@ class NixlConnector(_VllmNixlConnector):
         # NOTE: called on the scheduler side (no connector worker there: vLLM's part is None) and on the
         # worker side; both return LoadStats so that aggregating the two never meets a missing key.
         started, self._started = self._started, []
-        stats = as_load_stats(super().get_kv_connector_stats(), started)
-        if self._mismatched:
-            stats = stats or LoadStats()
-            stats.data.setdefault(integrity.MISMATCH, []).extend(self._mismatched)  # type: ignore[union-attr]
-            self._mismatched = []
-        return stats
+        mismatched, self._mismatched = self._mismatched, []
+        return as_load_stats(super().get_kv_connector_stats(), started, mismatched)
 

@@ -29,15 +29,12 @@ check.
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-logger = logging.getLogger(__name__)
-
 DIGEST = "saaf_kv_digest"  # kv_transfer_params key: the prefill's per-block digests (hex), in handoff order
-MISMATCH = "saaf_kv_mismatch"
-CORRUPT = "saaf_corrupt"  # kv_transfer_params key (fault injection): corrupt this pull's last block  # connector stats key: decode request ids whose pulled blocks did not match
+MISMATCH = "saaf_kv_mismatch"  # connector stats key: [decode request id, blocks recomputed] of failed checks
+CORRUPT = "saaf_corrupt"  # kv_transfer_params key (fault injection): corrupt this pull's last block
 DIGEST_BYTES = 8
 
 
@@ -50,6 +47,12 @@ class _Local:
 
     def ready(self) -> bool:
         return self.kv_caches is not None and self.num_blocks > 0
+
+    def digests(self, block_ids: Sequence[int]) -> list[str]:
+        return block_digests(self.kv_caches, block_ids, self.num_blocks, self.per_logical)  # type: ignore[arg-type]
+
+    def corrupt(self, block_id: int) -> None:
+        corrupt_block(self.kv_caches, block_id, self.num_blocks, self.per_logical)  # type: ignore[arg-type]
 
 
 LOCAL = _Local()

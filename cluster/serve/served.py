@@ -4,7 +4,8 @@ Every response to a generating request (chat, completions, responses, messages; 
 the header ``x-saaf-served``, one element per completion (HTTP list syntax, comma-separated)::
 
     x-saaf-served: index=0; path=remote; why=policy; prefill=prefill-0; decode=decode-0; kv=ok;
-                   kv_bytes=245760; kv_ms=41.2; kv_gbps=0.006; decode_computed=1; attempts=1
+                   kv_bytes=245760; kv_ms=41.2; kv_gbps=0.006; decode_computed=1; tp=1:1; attempts=1;
+                   render_ms=1.8; admit_ms=0.7; prefill_ms=305.6; first_ms=312.0
 
 - ``path``: ``remote`` (prefilled on ``prefill``, its KV pulled over NIXL by ``decode``), ``local`` (prefilled
   on the decode worker itself, ``why`` says why: the router's ``disaggregation`` verdict, ``sibling`` of an
